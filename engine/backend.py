@@ -1,0 +1,59 @@
+"""What the engine needs from a decode backend: the real one (llama.cpp) or the simulated one."""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.model_facts import ModelFacts
+
+
+class NoKVSlot(Exception):
+    """llama_decode returned 1: the cache cannot hold this batch. A scheduling event, not a failure."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # llama.cpp | sim
+    device: str
+    versions: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    source: str  # measured | simulated
+    facts: ModelFacts
+    info: BackendInfo
+    max_chunk_tokens: int  # the most tokens one prefill call may carry
+    n_seqs: int  # sequences the open cache holds
+
+    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+        """(Re)create the cache: n_seqs independent sequences of ctx_per_seq cells each; all cached data is lost."""
+
+    def close(self) -> None: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def piece(self, token: int) -> str: ...
+
+    def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def seed_sampler(self, seq: int, seed: int) -> None: ...
+
+    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
+        """Ingest tokens into seq's cache at pos0.. (at most max_chunk_tokens); returns seconds."""
+
+    def first_token_after_prefill(self, seq: int) -> int:
+        """Sample seq's next token from the last row of the prefill just run."""
+
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        """One step: one token per sequence, one call. Returns each sequence's next token and seconds."""
+
+    def drop(self, seq: int) -> None:
+        """Free seq's cache."""
+
+    def truncate(self, seq: int, n_tokens: int) -> None:
+        """Keep only seq's first n_tokens cached tokens."""
+
+    def copy(self, src: int, dst: int) -> None:
+        """Make dst's cache a copy of src's."""

@@ -1,0 +1,304 @@
+"""The `swarmtune` command. Bad input ends in one line on stderr and exit status 2, never a traceback."""
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from engine.errors import UserError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"swarmtune: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1 (got {v})")
+        return v
+    return parse
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers (got {text!r})") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 0 (got {text!r})")
+    return out
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
+    g.add_argument("--sim", metavar="PROFILE", help="no model: simulate a hardware profile ('swarmtune profiles')")
+    g.add_argument("--agents", type=_positive_int("--agents"), default=8)
+    g.add_argument("--batch-cap", type=int, default=None, help="agents per decode step (default: all)")
+    g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
+    g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
+    g.add_argument("--tool-tokens", type=_positive_int("--tool-tokens"), default=192, help="M: tool result tokens")
+    g.add_argument("--kv-budget-mb", type=float, default=None, help="KV memory for the whole swarm (preempts beyond)")
+    g.add_argument("--threads", type=_positive_int("--threads"), default=None)
+    g.add_argument("--no-probe", action="store_true", help="skip the startup batch-1 timing (no measured speedup)")
+    g.add_argument("--power", default="auto", help="power source: auto, or one 'swarmtune power' lists")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="swarmtune", description="Tune an agent swarm that shares one GPU (or CPU).")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="the live dashboard (the default)")
+    add_engine_flags(run)
+    rec = sub.add_parser("record", help="run headless, one JSON line per step")
+    add_engine_flags(rec)
+    rec.add_argument("-o", "--output", required=True, help="recording file (JSON lines)")
+    lim = rec.add_mutually_exclusive_group()
+    lim.add_argument("--steps", type=_positive_int("--steps"), default=None)
+    lim.add_argument("--duration", type=float, default=None, help="seconds")
+    sw = sub.add_parser("sweep", help="decode throughput over batch sizes x contexts")
+    add_engine_flags(sw)
+    sw.add_argument("--batch", type=_int_list, default=None, help="e.g. 1,2,4,8")
+    sw.add_argument("--contexts", type=_int_list, default=None, help="e.g. 64,512,2048")
+    sw.add_argument("--steps", type=_positive_int("--steps"), default=8, help="timed decode steps per point")
+    sw.add_argument("--json", dest="json_path", help="write the rows as JSON")
+    sw.add_argument("--png", dest="png_path", help="write a figure of speedup vs context")
+    sw.add_argument("--check-copy", action="store_true",
+                    help="also time separately prefilled agents at the largest point, against copied caches")
+    sub.add_parser("profiles", help="list the sim backend's hardware profiles")
+    return p
+
+
+def make_backend(args: argparse.Namespace):
+    """The sim backend for --sim, else llama.cpp on --model (default: the embedded model)."""
+    if args.sim and args.model:
+        raise UserError("give --model or --sim, not both")
+    if args.sim:
+        from engine.profiles import profile
+        from engine.sim_backend import SimBackend
+
+        return SimBackend(profile(args.sim))
+    from engine.default_model import default_model_path
+    from engine.model_facts import read_model_facts
+
+    facts = read_model_facts(args.model or default_model_path())
+    try:
+        from engine.llama_backend import LlamaBackend
+    except ImportError as e:
+        raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
+    return LlamaBackend(facts, n_threads=args.threads)
+
+
+def engine_settings(args: argparse.Namespace, backend):
+    from engine.engine import EngineSettings
+    from engine.kv_types import kv_type
+
+    kv_type(args.kv)
+    if args.batch_cap is not None and args.batch_cap < 1:
+        raise UserError(f"--batch-cap must be at least 1 (got {args.batch_cap})")
+    prof = getattr(backend, "profile", None)
+    ctx = args.ctx or (prof.context_per_agent if prof else min(2048, backend.facts.n_ctx_train or 2048))
+    budget = args.kv_budget_mb * 1e6 if args.kv_budget_mb is not None else (prof.kv_budget_bytes if prof else None)
+    return EngineSettings(
+        agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
+        gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
+        probe=not args.no_probe,
+    )
+
+
+def make_engine(args: argparse.Namespace, progress=None):
+    from engine.engine import Engine
+
+    backend = make_backend(args)
+    try:
+        return Engine(backend, engine_settings(args, backend), progress=progress)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from engine.profiles import PROFILES
+
+    for p in PROFILES.values():
+        print(f"{p.name:24} {p.description}")
+        print(f"{'':24} W {p.weight_bytes / 1e9:.3g} GB, k(f16) {p.kv_bytes_per_token_f16 / 1e3:.3g} KB, "
+              f"{p.power_floor_watts:.0f} W + {p.power_per_agent_watts:.0f} W/agent; {p.source}")
+    return 0
+
+
+def _stop_on_signals() -> dict[str, bool]:
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    return flag
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.records import RecordWriter, remove_quietly
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise UserError(f"-o {out} is a folder; give a file name")
+    if not out.parent.exists():
+        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
+    if args.duration is not None and args.duration <= 0:
+        raise UserError(f"--duration must be positive (got {args.duration})")
+    console = Console(stderr=True)
+    engine = make_engine(args)
+    writer = RecordWriter(out)
+    flag = _stop_on_signals()
+    try:
+        with console.status("starting the engine (timing the batch-1 reference)..."):
+            engine.start()
+        writer.open(engine.header())
+        total = args.steps
+        cols = [TextColumn("[bold]recording"), BarColumn(), TextColumn("{task.completed} steps"),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn()]
+        with Progress(*cols, console=console, transient=False) as prog:
+            task = prog.add_task("rec", total=total or args.duration, rate="")
+            t0 = time.perf_counter()
+            n = decoded = 0
+            while not flag["stop"]:
+                if total is not None and n >= total:
+                    break
+                elapsed = time.perf_counter() - t0
+                if args.duration is not None and elapsed >= args.duration:
+                    break
+                rec = engine.step()
+                writer.write(rec)
+                n += 1
+                if rec.kind == "decode":
+                    decoded += rec.tokens
+                if n % 8 == 0 or total is not None:
+                    done = n if total is not None else min(elapsed, args.duration or elapsed)
+                    prog.update(task, completed=done, rate=f"{decoded / max(elapsed, 1e-9):.1f} tok/s")
+    except KeyboardInterrupt:
+        pass
+    except UserError:
+        writer.close()
+        remove_quietly(out)
+        raise
+    finally:
+        writer.close()
+        engine.close()
+    console.print(f"wrote {out}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from engine.kv_types import kv_type
+    from engine.sweep import CPU_DEFAULT_BATCHES, CPU_DEFAULT_CONTEXTS, energy_rows, run_sweep, table_rows, write_png
+
+    kv_type(args.kv)
+    for path in (args.json_path, args.png_path):
+        if path and not Path(path).parent.exists():
+            raise UserError(f"cannot write {path}: folder {Path(path).parent} does not exist")
+    batches = args.batch or list(CPU_DEFAULT_BATCHES)
+    if min(batches) < 1:
+        raise UserError("--batch values must be at least 1")
+    contexts = args.contexts or list(CPU_DEFAULT_CONTEXTS)
+    backend = make_backend(args)
+    console = Console(stderr=True)
+    limit = backend.facts.n_ctx_train
+    if limit and max(contexts) + args.steps + 8 > limit and not args.sim:
+        backend.close()
+        raise UserError(f"context {max(contexts)} exceeds the model's trained context ({limit})")
+    power_fn = None
+    prof = getattr(backend, "profile", None)
+    if prof is not None:
+        def power_fn(batch: int, seconds: float):
+            return prof.power_floor_watts + prof.power_per_agent_watts * batch, "modeled"
+    try:
+        with console.status("sweeping...") as status:
+            def progress(done: int, total: int) -> None:
+                status.update(f"sweeping: point {done}/{total}")
+            result = run_sweep(backend, args.kv, batches, contexts, steps=args.steps, check_copy=args.check_copy,
+                               power=power_fn, progress=progress)
+    finally:
+        backend.close()
+    out = Console()
+    bmax = max(batches)
+    t = Table(title=f"{result.model} | KV {result.kv_type} | {bmax}-agent speedup ({result.source})")
+    for col in ("context per agent", f"tok/s at {bmax}", f"{bmax}-agent speedup ({result.source})",
+                "seed formula (modeled)", "calibrated (modeled)", "what sets the pace"):
+        t.add_column(col)
+    for row in table_rows(result):
+        t.add_row(*row)
+    out.print(t)
+    if result.fit_rms_relative_error is not None:
+        out.print(f"calibrated fit: rms relative error of step time {result.fit_rms_relative_error:.1%}")
+    erows = energy_rows(result)
+    if erows:
+        et = Table(title="energy ledger")
+        for col in ("batch", "context", "tok/s", "watts", "J/token", "tokens/J", "power"):
+            et.add_column(col)
+        for row in erows:
+            et.add_row(*row)
+        out.print(et)
+    if result.copy_check:
+        cc = result.copy_check
+        out.print(f"copied vs separately prefilled caches at B={cc['batch']}, L={cc['context']}: "
+                  f"{cc['copied_seconds_per_step'] * 1e3:.2f} ms vs {cc['separate_seconds_per_step'] * 1e3:.2f} ms "
+                  f"per step (ratio {cc['ratio']:.3f})")
+    if args.json_path:
+        Path(args.json_path).write_text(result.to_json())
+    if args.png_path:
+        write_png(result, Path(args.png_path))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        from tui.app import run_dashboard
+    except ImportError as e:
+        raise UserError(f"the dashboard needs textual ({e}); 'swarmtune record' runs headless") from None
+    return run_dashboard(args)
+
+
+COMMANDS = {"run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"swarmtune: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,399 @@
+"""The engine: drives a swarm of agents through one backend, one step at a time, and says what each
+step did. The caller owns the loop (record, dashboard, server); controls may arrive from any thread
+and take effect at the start of the next step."""
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+
+import engine as engine_pkg
+from engine.backend import Backend, NoKVSlot
+from engine.errors import UserError
+from engine.kv_types import KV_TYPES, kv_type
+from engine.probe import fill, time_decode
+from engine.records import AgentView, StepRecord
+from engine.scheduler import Plan, Scheduler
+from engine.speedup import BatchOneReference, Calibration, predicted_speedup
+from engine.workload import Agent, AgentState, Workload
+
+TAIL_CHARS = 48
+REFIT_EVERY_STEPS = 16
+
+
+@dataclass
+class EngineSettings:
+    agents: int = 8
+    batch_cap: int = 8
+    kv: str = "f16"
+    seed: int = 0
+    gen_tokens: int = 64  # T
+    tool_tokens: int = 192  # M
+    ctx_per_agent: int = 2048
+    kv_budget_bytes: float | None = None  # None: every agent's full context fits
+    chunk_tokens: int = 256
+    probe: bool = True  # time batch-1 decode at startup: the reference for measured speedup
+
+    def validate(self, n_ctx_train: int) -> None:
+        kv_type(self.kv)
+        if self.agents < 1:
+            raise UserError(f"--agents must be at least 1 (got {self.agents})")
+        if self.batch_cap < 1:
+            raise UserError(f"--batch-cap must be at least 1 (got {self.batch_cap})")
+        if self.gen_tokens < 1 or self.tool_tokens < 1:
+            raise UserError("--gen-tokens and --tool-tokens must be at least 1")
+        need = min_context(self)
+        if self.ctx_per_agent < need:
+            raise UserError(f"--ctx {self.ctx_per_agent} cannot hold one agent turn (needs at least {need} tokens)")
+        if n_ctx_train and self.ctx_per_agent > n_ctx_train:
+            raise UserError(f"--ctx {self.ctx_per_agent} exceeds the model's trained context ({n_ctx_train})")
+
+
+def min_context(s: EngineSettings) -> int:
+    return 160 + s.gen_tokens + s.tool_tokens + 64  # system prompt and task, one turn, the template's tags
+
+
+@dataclass
+class Control:
+    batch_cap: int | None = None
+    kv: str | None = None
+    agents: int | None = None
+
+
+@dataclass
+class EngineState:
+    """What a control answer reports: the settings now in force (or about to be, at the next step)."""
+    batch_cap: int
+    kv: str
+    agents: int
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, backend: Backend, settings: EngineSettings,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        settings.validate(backend.facts.n_ctx_train)
+        self.backend = backend
+        self.facts = backend.facts
+        self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents))
+        self.progress = progress or (lambda what, done, total: None)
+        self.workload = Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens)
+        self.slots = max(self.s.agents, 1)
+        self.agents: list[Agent] = []
+        self.scheduler = Scheduler(self.s.batch_cap, self._budget_tokens(self.s.kv), self.s.chunk_tokens)
+        min_need = min_context(self.s)
+        if self.scheduler.kv_budget_tokens < min_need:
+            raise UserError(f"the KV budget holds {self.scheduler.kv_budget_tokens} tokens at {self.s.kv}; "
+                            f"not even one agent fits (needs {min_need})")
+        self.calibration = Calibration()
+        self.reference = BatchOneReference(
+            "measured at startup: batch-1 decode timed at several contexts (one sequence prefilled), "
+            "linear interpolation between them" if backend.source == "measured" else
+            "simulated: batch-1 step time of the profile's roofline at several contexts")
+        self.step_index = 0
+        self.clock_s = 0.0  # simulated seconds since start (sim backend)
+        self._t0 = 0.0
+        self._controls: queue.Queue[Control] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents)
+        self.started = False
+        self.started_at = ""
+
+    # setup
+    def _budget_tokens(self, kv: str) -> int:
+        if self.s.kv_budget_bytes is None:
+            return self.slots * self.s.ctx_per_agent
+        return int(self.s.kv_budget_bytes // self.facts.kv_bytes_per_token(kv))
+
+    def start(self) -> None:
+        self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
+        if self.s.probe:
+            self._probe()
+        for i in range(self.s.agents):
+            self._new_agent(i)
+        self._t0 = time.perf_counter()
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.started = True
+
+    def _probe(self) -> None:
+        limit = self.s.ctx_per_agent - 32
+        contexts = sorted({64, limit // 2, limit})
+        batches = sorted({1, self.s.batch_cap})
+        total, done = len(contexts) * len(batches), 0
+        for c in contexts:
+            fill(self.backend, 1, c)
+            for b in batches:
+                self.progress("probe", done, total)
+                timing = time_decode(self.backend, b, c, steps=4, warmup=1, filled=True)
+                self.calibration.add(b, b * (c + 1), timing.seconds_per_step, pinned=True)
+                if b == 1:
+                    self.reference.add(c, timing.seconds_per_step)
+                done += 1
+            for s in range(max(batches)):
+                self.backend.drop(s)
+        self.progress("probe", total, total)
+        self.calibration.refit()
+
+    def _new_agent(self, agent_id: int) -> Agent:
+        used = {a.seq for a in self.agents}
+        seq = next(s for s in range(self.slots) if s not in used)
+        a = Agent(id=agent_id, seq=seq, limit=self.s.ctx_per_agent)
+        self.workload.start_task(a)
+        self.agents.append(a)
+        return a
+
+    def header(self) -> dict[str, object]:
+        b = self.backend
+        return {
+            "model": {"name": self.facts.name, "path": self.facts.path, "architecture": self.facts.architecture},
+            "weight_bytes": self.facts.weight_bytes,
+            "embd_row_bytes": self.facts.embd_row_bytes,
+            "kv_bytes_per_token": self.facts.kv_bytes_per_token_all(),
+            "kv_buffer_bytes_reported": getattr(b, "kv_buffer_bytes", None),
+            "backend": b.info.name,
+            "device": b.info.device,
+            "versions": {"swarmtune": engine_pkg.__version__, **b.info.versions},
+            "settings": {**asdict(self.s), **b.info.settings, "slots": self.slots},
+            "source": b.source,
+            "reference": self.reference.as_dict(),
+            "started_at": self.started_at,
+        }
+
+    # controls: validated now, in the caller's thread; applied at the next step
+    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None) -> EngineState:
+        with self._lock:
+            st = self._pending_state
+            n_agents = agents if agents is not None else st.agents
+            if agents is not None and not 1 <= agents <= 256:
+                raise UserError(f"agents must be between 1 and 256 (got {agents})")
+            if batch_cap is not None and not 1 <= batch_cap <= n_agents:
+                raise UserError(f"batch cap must be between 1 and {n_agents} (got {batch_cap})")
+            if kv is not None:
+                kv_type(kv)
+                if self.s.kv_budget_bytes is not None:
+                    budget = int(self.s.kv_budget_bytes // self.facts.kv_bytes_per_token(kv))
+                    if budget < min_context(self.s):
+                        raise UserError(f"the KV budget holds only {budget} tokens at {kv}")
+            new = EngineState(
+                batch_cap=batch_cap if batch_cap is not None else min(st.batch_cap, n_agents),
+                kv=kv or st.kv,
+                agents=n_agents,
+            )
+            self._pending_state = new
+            self._controls.put(Control(batch_cap=batch_cap, kv=kv, agents=agents))
+            return new
+
+    def state(self) -> EngineState:
+        with self._lock:
+            return self._pending_state
+
+    def _apply_controls(self) -> StepRecord | None:
+        rebuild_to: str | None = None
+        while True:
+            try:
+                c = self._controls.get_nowait()
+            except queue.Empty:
+                break
+            if c.agents is not None:
+                self._set_agents(c.agents)
+            if c.batch_cap is not None:
+                self.s.batch_cap = c.batch_cap
+            if c.kv is not None and c.kv != self.s.kv:
+                rebuild_to = c.kv
+        self.s.batch_cap = min(self.s.batch_cap, len(self.agents))
+        self.scheduler.batch_cap = self.s.batch_cap
+        if rebuild_to is not None or self.backend.n_seqs < self.slots:
+            return self._rebuild(rebuild_to or self.s.kv)
+        return None
+
+    def _set_agents(self, n: int) -> None:
+        while len(self.agents) > n:
+            a = max(self.agents, key=lambda x: x.id)
+            self.backend.drop(a.seq)
+            self.agents.remove(a)
+        next_id = max((a.id for a in self.agents), default=-1) + 1
+        while len(self.agents) < n:
+            if len(self.agents) >= self.slots:
+                self.slots *= 2  # the next step rebuilds the context with room for more streams
+                self.scheduler.kv_budget_tokens = self._budget_tokens(self.s.kv)
+            a = Agent(id=next_id, seq=-1, limit=self.s.ctx_per_agent)
+            a.seq = next(s for s in range(self.slots) if s not in {x.seq for x in self.agents})
+            self.agents.append(a)
+            if a.seq < self.backend.n_seqs:
+                self.workload.start_task(a)
+            next_id += 1
+        self.s.agents = n
+
+    # one step
+    def step(self) -> StepRecord:
+        if not self.started:
+            self.start()
+        rec = self._apply_controls()
+        if rec is not None:
+            return rec
+        plan = self.scheduler.schedule(self.agents, self.step_index)
+        preempted = [a.id for a in plan.preempt or []]
+        for a in plan.preempt or []:
+            self._preempt(a)
+        if plan.kind == "prefill":
+            return self._prefill_step(plan, preempted)
+        if plan.kind == "decode" and plan.agents:
+            return self._decode_step(plan, preempted)
+        raise RuntimeError("no agent can run: the KV budget is too small for the swarm")
+
+    def _preempt(self, a: Agent) -> None:
+        self.backend.drop(a.seq)
+        a.pending = a.history + a.pending + ([a.next_token] if a.next_token is not None else [])
+        a.history = []
+        a.next_token = None
+        a.state = AgentState.PREEMPTED
+
+    def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
+        a = plan.agents[0]
+        chunk = a.pending[: plan.chunk]
+        try:
+            seconds = self.backend.prefill(a.seq, chunk, a.context)
+        except NoKVSlot:
+            self._preempt(a)
+            return self._record("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
+        a.history.extend(chunk)
+        del a.pending[: plan.chunk]
+        a.last_served_step = self.step_index
+        if not a.pending:
+            a.next_token = self.backend.first_token_after_prefill(a.seq)
+            a.state = AgentState.DECODE
+        return self._record("prefill", [a], seconds, len(chunk), preempted)
+
+    def _decode_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
+        batch = plan.agents
+        while True:
+            try:
+                out, seconds = self.backend.decode([a.seq for a in batch], [a.next_token for a in batch],
+                                                   [a.context for a in batch])
+                break
+            except NoKVSlot:
+                victim = max(batch, key=lambda a: a.context)
+                self._preempt(victim)
+                preempted.append(victim.id)
+                batch = [a for a in batch if a is not victim]
+                if not batch:
+                    return self._record("decode", [], 0.0, 0, preempted, note="no KV slot")
+        backend, limit_turn = self.backend, self.s.gen_tokens
+        for a, tok in zip(batch, out, strict=True):
+            a.history.append(a.next_token)
+            a.generated += 1
+            a.turn_generated += 1
+            a.last_served_step = self.step_index
+            piece = backend.piece(tok)
+            if backend.is_eog(tok) or a.turn_generated >= limit_turn or a.context + 2 >= a.limit:
+                a.next_token = None
+                self.workload.end_turn(a)
+            else:
+                a.next_token = tok
+                a.turn_text += piece
+                a.tail = (a.tail + piece)[-TAIL_CHARS:]
+        return self._record("decode", batch, seconds, len(batch), preempted)
+
+    def _rebuild(self, kv: str) -> StepRecord:
+        old = self.s.kv
+        t0 = time.perf_counter()
+        self.backend.open(kv, self.slots, self.s.ctx_per_agent)
+        self.s.kv = kv
+        self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
+        live = [a for a in self.agents if a.state is not AgentState.PREEMPTED]
+        for a in self.agents:
+            self.workload.backend.seed_sampler(a.seq, hash((self.s.seed, a.id, a.tasks, a.turns)) & 0x7FFFFFFF)
+        for a in self.agents:
+            if a.state is AgentState.PREEMPTED:
+                continue
+            if not a.history and not a.pending:
+                self.workload.start_task(a)
+            a.pending = a.history + a.pending + ([a.next_token] if a.next_token is not None else [])
+            a.history, a.next_token = [], None
+        total = sum(len(a.pending) for a in live)
+        seconds, done = 0.0, 0
+        budget = self.scheduler.kv_budget_tokens
+        preempted: list[int] = []
+        for a in sorted(live, key=lambda x: x.id):
+            if self.scheduler.used_tokens(self.agents) + len(a.pending) > budget:
+                a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; it waits to be readmitted
+                preempted.append(a.id)
+                continue
+            while a.pending:
+                chunk = a.pending[: self.s.chunk_tokens]
+                seconds += self.backend.prefill(a.seq, chunk, a.context)
+                a.history.extend(chunk)
+                del a.pending[: len(chunk)]
+                done += len(chunk)
+                self.progress("rebuild", done, total)
+            a.next_token = self.backend.first_token_after_prefill(a.seq)
+            a.state = AgentState.DECODE
+        wall = time.perf_counter() - t0
+        if self.backend.source == "simulated":
+            wall = seconds
+        self.calibration = Calibration()  # the step-time model depends on the cache type
+        self.reference = BatchOneReference(self.reference.how)
+        if self.s.probe:
+            self._probe()
+        return self._record("rebuild", [], wall, done, preempted,
+                            note=f"kv {old} -> {kv}: re-prefilled {done} tokens in {wall:.2f} s")
+
+    # the record
+    def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],
+                note: str = "") -> StepRecord:
+        k = self.facts.kv_bytes_per_token(self.s.kv)
+        b = len(batch)
+        if kind == "decode":
+            contexts = [a.context for a in batch]  # after the step: the cache the step read, new token included
+            kv_bytes = sum(contexts) * k
+            weight_bytes = self.facts.step_weight_bytes(b)
+        elif kind == "prefill":
+            contexts = [a.context for a in batch]
+            kv_bytes = sum(contexts) * k
+            weight_bytes = self.facts.step_weight_bytes(tokens)
+        else:
+            contexts, kv_bytes, weight_bytes = [], 0.0, 0
+        mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
+        if self.backend.source == "simulated":
+            self.clock_s += seconds
+            t = self.clock_s
+        else:
+            t = time.perf_counter() - self._t0
+        rec = StepRecord(
+            step=self.step_index, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
+            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views(batch),
+            weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
+            source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
+            tokens_per_second=tokens / seconds if seconds > 0 else None,
+        )
+        if kind == "decode" and b:
+            rec.predicted_speedup = predicted_speedup(b, mean_ctx, self.facts.step_weight_bytes(1), k)
+            self.calibration.add(b, sum(contexts), seconds)
+            if self.step_index % REFIT_EVERY_STEPS == 0 or self.calibration.fit is None:
+                self.calibration.refit()
+            if self.calibration.fit is not None:
+                rec.calibrated_speedup = self.calibration.fit.speedup(b, mean_ctx)
+            if self.reference.ready and seconds > 0:
+                rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
+        self.step_index += 1
+        return rec
+
+    def _views(self, batch: list[Agent]) -> list[AgentView]:
+        in_batch = {a.id for a in batch}
+        out = []
+        for a in self.agents:
+            if a.state is AgentState.DECODE:
+                state = "decoding" if a.id in in_batch else "waiting"
+            else:
+                state = a.state.value
+            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail))
+        return out
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def kv_types_available() -> list[str]:
+    return list(KV_TYPES)

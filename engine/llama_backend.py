@@ -1,0 +1,273 @@
+"""The real decode backend: llama.cpp through llama-cpp-python's low-level API.
+
+One llama context, one sequence (its own KV stream: kv_unified off) per agent, so each agent's
+attention reads only its own cells, as it would with separate caches.
+"""
+
+import ctypes
+import os
+import platform
+import threading
+import time
+from contextlib import ExitStack
+
+import llama_cpp as ll  # noqa: E402  (after the engine imports so a missing build reads clearly)
+
+from engine.backend import BackendInfo, NoKVSlot
+from engine.errors import UserError
+from engine.kv_types import kv_type
+from engine.model_facts import ModelFacts
+
+_log_lines: list[str] = []
+_log_lock = threading.Lock()
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp chatters on stderr; keep its lines (the KV size check reads them) and print none.
+    line = text.decode("utf-8", errors="replace")
+    # Keep warnings, errors and buffer sizes; the per-tensor graph chatter would crowd them out.
+    if level not in (2, 3) and "size" not in line:
+        return
+    with _log_lock:
+        _log_lines.append(line)
+        del _log_lines[:-400]
+
+
+ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+ll.llama_backend_init()
+
+
+def llama_log_tail(n: int = 400) -> list[str]:
+    with _log_lock:
+        return list(_log_lines[-n:])
+
+
+def default_use_extra_bufts() -> bool:
+    """Extra buffer types (weight repacking) crash the model load on AMX CPUs; keep them off unless asked."""
+    return os.environ.get("SWARMTUNE_EXTRA_BUFTS", "0") == "1"
+
+
+class LlamaBackend:
+    source = "measured"
+
+    def __init__(
+        self,
+        facts: ModelFacts,
+        n_threads: int | None = None,
+        n_gpu_layers: int = -1,
+        use_extra_bufts: bool | None = None,
+        flash_attn: bool = True,
+        chunk_tokens: int = 256,
+    ) -> None:
+        self.facts = facts
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.flash_attn = flash_attn
+        self.max_chunk_tokens = chunk_tokens
+        self.use_extra_bufts = default_use_extra_bufts() if use_extra_bufts is None else use_extra_bufts
+        self._stack = ExitStack()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = n_gpu_layers
+        mp.use_extra_bufts = self.use_extra_bufts
+        model = ll.llama_model_load_from_file(facts.path.encode(), mp)
+        if not model:
+            raise UserError(f"llama.cpp could not load {facts.path}")
+        self.model = model
+        self._stack.callback(ll.llama_model_free, model)
+        self.vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        tmpl = ll.llama_model_chat_template(model, None)
+        self._template = tmpl  # bytes or None
+        self.ctx = None
+        self._ctx_stack = ExitStack()
+        self._samplers: dict[int, object] = {}
+        self.batch = ll.llama_batch_init(max(chunk_tokens, 64), 0, 1)
+        self._batch_cap = max(chunk_tokens, 64)
+        self._stack.callback(lambda: ll.llama_batch_free(self.batch))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, str] = {}
+        self.kv = ""
+        self.n_seqs = 0
+        self.ctx_per_seq = 0
+        self.kv_buffer_bytes: int | None = None
+        self._prefill_row = None
+        self.info = BackendInfo(
+            name="llama.cpp",
+            device=self._device(),
+            versions={"llama_cpp_python": ll.__version__},
+            settings={"n_threads": self.n_threads, "flash_attn": flash_attn, "use_extra_bufts": self.use_extra_bufts,
+                      "n_gpu_layers": n_gpu_layers, "kv_unified": False},
+        )
+
+    @staticmethod
+    def _device() -> str:
+        if ll.llama_supports_gpu_offload():
+            return "GPU offload build (" + (platform.processor() or platform.machine()) + " host)"
+        return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
+
+    # the cache
+    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+        t = kv_type(kv)
+        self._close_ctx()
+        cp = ll.llama_context_default_params()
+        cp.n_seq_max = n_seqs
+        cp.n_ctx = n_seqs * ctx_per_seq
+        cp.n_batch = max(self.max_chunk_tokens, n_seqs)
+        cp.n_ubatch = cp.n_batch
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads
+        cp.type_k = t.ggml_type
+        cp.type_v = t.ggml_type
+        cp.kv_unified = False
+        # a quantized V cache needs flash attention
+        fa_on = self.flash_attn or t.quantized
+        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa_on else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = ll.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
+        self.ctx = ctx
+        self._ctx_stack.callback(ll.llama_free, ctx)
+        self.mem = ll.llama_get_memory(ctx)
+        if cp.n_batch > self._batch_cap:
+            ll.llama_batch_free(self.batch)
+            self.batch = ll.llama_batch_init(cp.n_batch, 0, 1)
+            self._batch_cap = cp.n_batch
+        self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
+        self._prefill_row = None
+        self.kv_buffer_bytes = _kv_size_from_log(llama_log_tail(200))
+
+    def _close_ctx(self) -> None:
+        self._ctx_stack.close()
+        self._ctx_stack = ExitStack()
+        self.ctx = None
+
+    def close(self) -> None:
+        self._close_ctx()
+        for smpl in self._samplers.values():
+            ll.llama_sampler_free(smpl)
+        self._samplers.clear()
+        self._stack.close()
+
+    # text
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, False, True)
+        if n < 0:
+            buf = (ll.llama_token * -n)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, False, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> str:
+        p = self._pieces.get(token)
+        if p is None:
+            n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, True)
+            p = self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+            self._pieces[token] = p
+        return p
+
+    def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str:
+        if self._template is None:
+            return _chatml(messages, add_assistant)
+        arr = (ll.llama_chat_message * len(messages))()
+        keep = []
+        for i, m in enumerate(messages):
+            role, content = m["role"].encode(), m["content"].encode()
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        size = 4096 + sum(len(m["content"]) * 2 for m in messages)
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(self._template, arr, len(messages), add_assistant, buf, size)
+        if n < 0:  # a template llama.cpp does not know
+            return _chatml(messages, add_assistant)
+        if n > size:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = ll.llama_chat_apply_template(self._template, arr, len(messages), add_assistant, buf, n + 1)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def seed_sampler(self, seq: int, seed: int) -> None:
+        old = self._samplers.pop(seq, None)
+        if old is not None:
+            ll.llama_sampler_free(old)
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(40))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(0.8))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._samplers[seq] = chain
+
+    # steps
+    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
+        n = len(tokens)
+        b = self.batch
+        b.n_tokens = n
+        for j, tok in enumerate(tokens):
+            b.token[j] = tok
+            b.pos[j] = pos0 + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = seq
+            b.logits[j] = 0
+        b.logits[n - 1] = 1  # the last row feeds the first sampled token
+        t0 = time.perf_counter()
+        self._decode()
+        ll.llama_synchronize(self.ctx)
+        self._prefill_row: tuple[int, int] | None = (seq, n - 1)
+        return time.perf_counter() - t0
+
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        b = self.batch
+        n = len(seqs)
+        b.n_tokens = n
+        for j in range(n):
+            b.token[j] = tokens[j]
+            b.pos[j] = positions[j]
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = seqs[j]
+            b.logits[j] = 1
+        self._prefill_row = None
+        sample = ll.llama_sampler_sample
+        ctx, samplers = self.ctx, self._samplers
+        t0 = time.perf_counter()
+        self._decode()
+        out = [sample(samplers[s], ctx, j) for j, s in enumerate(seqs)]
+        return out, time.perf_counter() - t0
+
+    def first_token_after_prefill(self, seq: int) -> int:
+        # Only the last llama_decode's output rows exist; sampling any other aborts the process in C.
+        if self._prefill_row is None or self._prefill_row[0] != seq:
+            raise RuntimeError(f"no prefill output for sequence {seq} to sample from")
+        return ll.llama_sampler_sample(self._samplers[seq], self.ctx, self._prefill_row[1])
+
+    def _decode(self) -> None:
+        rc = ll.llama_decode(self.ctx, self.batch)
+        if rc == 1:
+            raise NoKVSlot()
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def drop(self, seq: int) -> None:
+        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def truncate(self, seq: int, n_tokens: int) -> None:
+        ll.llama_memory_seq_rm(self.mem, seq, n_tokens, -1)
+
+    def copy(self, src: int, dst: int) -> None:
+        ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
+
+def _kv_size_from_log(lines: list[str]) -> int | None:
+    """llama.cpp logs 'llama_kv_cache: size =  405.00 MiB (...)' when it makes the cache."""
+    for line in reversed(lines):
+        if "llama_kv_cache: size =" in line:
+            mib = float(line.split("size =")[1].split("MiB")[0])
+            return int(round(mib * 1024 * 1024))
+    return None
+
+
+def _chatml(messages: list[dict[str, str]], add_assistant: bool) -> str:
+    s = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return s + ("<|im_start|>assistant\n" if add_assistant else "")

@@ -1,0 +1,108 @@
+"""What a decode step reads, from the GGUF file itself (the `gguf` package, no llama.cpp needed)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import UserError
+from engine.kv_types import KV_TYPES, kv_type
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    name: str
+    architecture: str
+    n_layer: int
+    n_head: int
+    n_head_kv_per_layer: tuple[int, ...]
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    file_bytes: int
+    tensor_bytes: int
+    weight_bytes: int  # read in full by every decode step, whatever the batch
+    embd_row_bytes: int  # one row of an untied token_embd, read once per token in the batch; 0 when tied
+    tied_output: bool
+    kv_values_per_token: float  # K and V elements one token adds, over all layers
+
+    def kv_bytes_per_token(self, kv: str) -> float:
+        """K and V of one token over all layers, block scales included."""
+        return kv_type(kv).bytes_for(self.kv_values_per_token)
+
+    def kv_bytes_per_token_all(self) -> dict[str, float]:
+        return {name: self.kv_bytes_per_token(name) for name in KV_TYPES}
+
+    def step_weight_bytes(self, batch: int) -> int:
+        return self.weight_bytes + batch * self.embd_row_bytes
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_model_facts(path: str | Path) -> ModelFacts:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"model file not found: {p}")
+    with p.open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise UserError(f"not a GGUF file (bad magic): {p}")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(p)
+    except Exception as e:  # the reader raises assorted errors on a cut or corrupt header
+        raise UserError(f"unreadable GGUF file {p}: {e}") from None
+    file_bytes = p.stat().st_size
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        if int(t.data_offset) + int(t.n_bytes) > file_bytes:
+            raise UserError(f"truncated GGUF file {p}: tensor {t.name} runs past the end")
+    arch = _field(reader, "general.architecture")
+    if not arch:
+        raise UserError(f"GGUF file {p} names no architecture")
+    n_layer = int(_field(reader, f"{arch}.block_count", 0))
+    n_head_raw = _field(reader, f"{arch}.attention.head_count", 0)
+    n_head = int(np.max(n_head_raw)) if isinstance(n_head_raw, list) else int(n_head_raw)
+    n_embd = int(_field(reader, f"{arch}.embedding_length", 0))
+    if n_layer <= 0 or n_head <= 0 or n_embd <= 0:
+        raise UserError(f"GGUF file {p} lacks the attention shape (block_count, head_count, embedding_length)")
+    kv_raw = _field(reader, f"{arch}.attention.head_count_kv", n_head)
+    # Some architectures give one KV head count per layer (0 for layers without attention).
+    per_layer = tuple(int(x) for x in kv_raw) if isinstance(kv_raw, list) else (int(kv_raw),) * n_layer
+    head_dim_k = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
+    head_dim_v = int(_field(reader, f"{arch}.attention.value_length", n_embd // n_head))
+    n_ctx_train = int(_field(reader, f"{arch}.context_length", 0))
+    tied = "output.weight" not in tensors
+    embd = tensors.get("token_embd.weight")
+    embd_bytes = int(embd.n_bytes) if embd is not None else 0
+    embd_rows = int(embd.shape[-1]) if embd is not None and len(embd.shape) else 1
+    tensor_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    if tied:
+        weight_bytes, row_bytes = tensor_bytes, 0
+    else:
+        weight_bytes, row_bytes = tensor_bytes - embd_bytes, embd_bytes // max(embd_rows, 1)
+    return ModelFacts(
+        path=str(p.resolve()),
+        name=str(_field(reader, "general.name", p.stem)),
+        architecture=str(arch),
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv_per_layer=per_layer,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_ctx_train=n_ctx_train,
+        file_bytes=file_bytes,
+        tensor_bytes=tensor_bytes,
+        weight_bytes=weight_bytes,
+        embd_row_bytes=row_bytes,
+        tied_output=tied,
+        kv_values_per_token=float(sum(h * (head_dim_k + head_dim_v) for h in per_layer)),
+    )

@@ -1,0 +1,97 @@
+"""Named hardware profiles for the sim backend: what-if on hardware you do not have.
+
+Each profile says where its numbers come from. A profile's step time is the roofline model
+t = (W + sum(L) k) / bandwidth + B * compute_seconds_per_token, its power floor + per-agent watts.
+"""
+
+from dataclasses import dataclass
+
+from engine.errors import UserError
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    model_name: str
+    weight_bytes: float
+    kv_bytes_per_token_f16: float
+    effective_bandwidth_bytes_per_s: float
+    compute_seconds_per_token: float  # per sequence in the batch; 0 = purely memory-bound
+    prefill_tokens_per_s: float
+    kv_budget_bytes: float  # what the device can hold of KV for the whole swarm
+    context_per_agent: int  # default context limit per agent, tokens
+    n_ctx_train: int
+    power_floor_watts: float
+    power_per_agent_watts: float
+    source: str  # where the numbers come from
+
+
+def _anchor_bandwidth(weight_bytes: float, k: float, context: int, tokens_per_s: float) -> float:
+    """The bandwidth that makes a batch-1 step at `context` run at the measured `tokens_per_s`."""
+    return (weight_bytes + context * k) * tokens_per_s
+
+
+_QWEN_W, _QWEN_K = 5.5e9, 147e3
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="rx9070xt-qwen3.5-9b",
+            description="RX 9070 XT (16 GB, 640 GB/s), Qwen3.5-9B Q4_K_M: the seed documents' numbers",
+            model_name="Qwen3.5-9B Q4_K_M (simulated)",
+            weight_bytes=_QWEN_W,
+            kv_bytes_per_token_f16=_QWEN_K,
+            # 39.6 tok/s for one agent at 2,400 tokens (seed, measured there) sets the effective bandwidth
+            effective_bandwidth_bytes_per_s=_anchor_bandwidth(_QWEN_W, _QWEN_K, 2400, 39.6),
+            compute_seconds_per_token=0.0,
+            prefill_tokens_per_s=962.0,
+            kv_budget_bytes=55_000 * _QWEN_K,  # the seed's "card KV budget" of 55,000 fp16 tokens
+            context_per_agent=16384,
+            n_ctx_train=262144,
+            power_floor_watts=130.0,
+            power_per_agent_watts=10.0,
+            source="seed documents: W 5.5 GB, k 147 KB, 39.6 tok/s at 2,400 tokens, 130 W + 10 W per agent (modeled)",
+        ),
+        Profile(
+            name="rtx4090-qwen3.5-9b",
+            description="RTX 4090 (24 GB, 1008 GB/s spec), Qwen3.5-9B Q4_K_M, the RX 9070 XT's efficiency assumed",
+            model_name="Qwen3.5-9B Q4_K_M (simulated)",
+            weight_bytes=_QWEN_W,
+            kv_bytes_per_token_f16=_QWEN_K,
+            effective_bandwidth_bytes_per_s=_anchor_bandwidth(_QWEN_W, _QWEN_K, 2400, 39.6) * 1008 / 640,
+            compute_seconds_per_token=0.0,
+            prefill_tokens_per_s=962.0 * 82.6 / 48.7,  # FP16 tensor TFLOPs ratio of the two cards
+            kv_budget_bytes=(24e9 - _QWEN_W - 1.5e9),
+            context_per_agent=16384,
+            n_ctx_train=262144,
+            power_floor_watts=150.0,
+            power_per_agent_watts=14.0,
+            source="spec-sheet bandwidth scaled from the RX 9070 XT anchor; power a guess from board power (modeled)",
+        ),
+        Profile(
+            name="cpu2-smollm2-135m",
+            description="a 2-core AMX CPU, SmolLM2-135M Q4_1: fitted to this project's own CPU measurements",
+            model_name="SmolLM2-135M-Instruct Q4_1 (simulated)",
+            weight_bytes=96_576_768,
+            kv_bytes_per_token_f16=23_040,
+            effective_bandwidth_bytes_per_s=37e9,
+            compute_seconds_per_token=3.3e-3,
+            prefill_tokens_per_s=1500.0,
+            kv_budget_bytes=8 * 4096 * 23_040,
+            context_per_agent=2048,
+            n_ctx_train=8192,
+            power_floor_watts=25.0,
+            power_per_agent_watts=3.0,
+            source="fit to llama.cpp decode timings on a 2-core CPU (64 tokens: 170 tok/s at batch 1, "
+            "273 at batch 8); power guessed (modeled)",
+        ),
+    )
+}
+
+
+def profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UserError(f"unknown profile {name!r}; 'swarmtune profiles' lists them: {', '.join(PROFILES)}") from None

@@ -1,0 +1,151 @@
+"""What one step produced, and the JSON-lines file a recording is made of.
+
+A recording is a header line, then one line per step, each flushed as it is written, so a killed
+recorder leaves at most its last line partial; the reader skips such a line.
+"""
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from engine.errors import UserError
+
+
+@dataclass
+class AgentView:
+    id: int
+    context: int  # tokens in this agent's KV cache after the step
+    state: str  # decoding | waiting | prefilling | preempted
+    limit: int  # its context limit, tokens
+    generated: int  # tokens it has generated since the run began
+    turns: int
+    tail: str  # the end of the text it is generating
+
+
+@dataclass
+class StepRecord:
+    step: int
+    t: float  # seconds since the run began (simulated seconds for the sim backend)
+    kind: str  # decode | prefill | rebuild
+    batch: int
+    batch_ids: list[int]
+    batch_cap: int
+    kv_type: str
+    agents: list[AgentView]
+    weight_bytes: int  # weight bytes this step read, shared by the whole batch
+    kv_bytes: float  # KV bytes this step read: sum over the batch of context x k
+    seconds: float  # the step's own time (decode + sampling), measured or simulated
+    tokens: int  # tokens this step generated (decode) or ingested (prefill, rebuild)
+    source: str  # measured | simulated
+    watts: float | None = None
+    joules: float | None = None
+    power_source: str | None = None
+    mean_context: float = 0.0  # the batch's mean context, tokens
+    tokens_per_second: float | None = None
+    measured_speedup: float | None = None  # vs the batch-1 reference at the same context
+    predicted_speedup: float | None = None  # seed formula B(W+Lk)/(W+BLk), modeled
+    calibrated_speedup: float | None = None  # from the fit to this machine's measurements, modeled
+    preempted: list[int] = field(default_factory=list)
+    note: str = ""
+    type: str = "step"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def step_from_dict(d: dict[str, Any]) -> StepRecord:
+    d = dict(d)
+    d.pop("type", None)
+    d["agents"] = [AgentView(**a) for a in d.get("agents", [])]
+    return StepRecord(**d)
+
+
+class RecordWriter:
+    """Writes a header, then steps; each line is flushed and fsync'd is not (a kill loses at most a line)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh: IO[str] | None = None
+
+    def open(self, header: dict[str, Any]) -> None:
+        if self.path.parent and not self.path.parent.is_dir():
+            raise UserError(f"cannot write {self.path}: folder {self.path.parent} does not exist")
+        try:
+            self._fh = self.path.open("w", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write {self.path}: {e.strerror}") from None
+        self._write(json.dumps({"type": "header", **header}, separators=(",", ":")))
+
+    def write(self, record: StepRecord) -> None:
+        self._write(record.to_json())
+
+    def _write(self, line: str) -> None:
+        assert self._fh is not None
+        self._fh.write(line + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass
+class Recording:
+    header: dict[str, Any]
+    steps: list[StepRecord]
+    skipped_partial: bool  # the last line was cut (a killed recorder) and was skipped
+
+
+def iter_lines(path: Path) -> Iterator[tuple[str, bool]]:
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            yield line, line.endswith("\n")
+
+
+def read_recording(path: str | Path) -> Recording:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"recording not found: {p}")
+    header: dict[str, Any] | None = None
+    steps: list[StepRecord] = []
+    skipped = False
+    for n, (line, complete) in enumerate(iter_lines(p), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if not complete:
+                skipped = True  # a killed writer's last line
+                break
+            raise UserError(f"{p}: line {n} is not JSON; not a swarmtune recording") from None
+        if not isinstance(d, dict):
+            raise UserError(f"{p}: line {n} is not a record; not a swarmtune recording")
+        if header is None:
+            if d.get("type") != "header":
+                raise UserError(f"{p}: first line is not a swarmtune header")
+            header = d
+            continue
+        if d.get("type") != "step":
+            continue
+        try:
+            steps.append(step_from_dict(d))
+        except TypeError as e:
+            if not complete:
+                skipped = True
+                break
+            raise UserError(f"{p}: line {n} is not a step record ({e})") from None
+    if header is None:
+        raise UserError(f"{p}: empty file; not a swarmtune recording")
+    return Recording(header, steps, skipped)
+
+
+def remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

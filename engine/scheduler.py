@@ -1,0 +1,84 @@
+"""Which agents the next step serves: a capped decode batch with fair rotation, prefill chunks, and
+preemption when the KV budget cannot hold the step. Pure bookkeeping; it never touches the backend."""
+
+from dataclasses import dataclass
+
+from engine.workload import Agent, AgentState
+
+
+@dataclass
+class Plan:
+    kind: str  # decode | prefill | idle
+    agents: list[Agent]
+    chunk: int = 0  # prefill: how many of the agent's pending tokens go in this step
+    preempt: list[Agent] | None = None  # to free before the step runs
+
+
+class Scheduler:
+    def __init__(self, batch_cap: int, kv_budget_tokens: int, chunk_tokens: int) -> None:
+        self.batch_cap = batch_cap
+        self.kv_budget_tokens = kv_budget_tokens
+        self.chunk_tokens = chunk_tokens
+        self._last_kind = "decode"
+
+    @staticmethod
+    def used_tokens(agents: list[Agent]) -> int:
+        return sum(a.context for a in agents if a.state is not AgentState.PREEMPTED)
+
+    def schedule(self, agents: list[Agent], step: int) -> Plan:
+        used = self.used_tokens(agents)
+        self._readmit(agents, used)
+        ready = [a for a in agents if a.state is AgentState.DECODE]
+        filling = [a for a in agents if a.state is AgentState.PREFILL]
+        # Interleave: a prefill chunk after each decode step while any agent is filling, so
+        # tool results land promptly without starving the decode batch.
+        if filling and (not ready or self._last_kind == "decode"):
+            plan = self._prefill(agents, filling, used)
+            if plan is not None:
+                self._last_kind = "prefill"
+                return plan
+        if ready:
+            self._last_kind = "decode"
+            return self._decode(agents, ready, used, step)
+        return Plan("idle", [])
+
+    def _readmit(self, agents: list[Agent], used: int) -> None:
+        """A preempted agent comes back (to be prefilled whole) once its history fits again."""
+        for a in sorted((a for a in agents if a.state is AgentState.PREEMPTED), key=lambda a: a.last_served_step):
+            need = len(a.pending) + self.chunk_tokens
+            if used + need <= self.kv_budget_tokens:
+                a.state = AgentState.PREFILL
+                used += len(a.pending)
+
+    def _prefill(self, agents: list[Agent], filling: list[Agent], used: int) -> Plan | None:
+        a = min(filling, key=lambda x: (x.last_served_step, x.id))
+        chunk = min(self.chunk_tokens, len(a.pending))
+        preempt = self._make_room(agents, used, chunk, keep=a)
+        if preempt is None:
+            return None
+        return Plan("prefill", [a], chunk=chunk, preempt=preempt)
+
+    def _decode(self, agents: list[Agent], ready: list[Agent], used: int, step: int) -> Plan:
+        # least recently served first: with more ready agents than the cap, everyone takes turns
+        batch = sorted(ready, key=lambda a: (a.last_served_step, a.id))[: self.batch_cap]
+        preempt: list[Agent] = []
+        while batch and used + len(batch) > self.kv_budget_tokens:
+            victim = max((a for a in agents if a.state is not AgentState.PREEMPTED and a not in preempt),
+                         key=lambda a: (a.context, a.id))
+            preempt.append(victim)
+            used -= victim.context
+            if victim in batch:
+                batch.remove(victim)
+        return Plan("decode", sorted(batch, key=lambda a: a.id), preempt=preempt)
+
+    def _make_room(self, agents: list[Agent], used: int, need: int, keep: Agent) -> list[Agent] | None:
+        preempt: list[Agent] = []
+        others = sorted((a for a in agents if a is not keep and a.state is not AgentState.PREEMPTED and a.context > 0),
+                        key=lambda a: (-a.context, a.id))
+        while used + need > self.kv_budget_tokens:
+            if not others:
+                return None
+            victim = others.pop(0)
+            preempt.append(victim)
+            used -= victim.context
+        return preempt

@@ -1,0 +1,94 @@
+"""The seed's bandwidth formula, and a step-time model fitted to this machine's own measurements.
+
+The bandwidth-only formula treats a step as bytes moved; on a CPU, compute per token matters too,
+so the calibrated model adds a per-token term: t(B, sum L) = a + b*B + c*sum L.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def predicted_speedup(batch: int, context: float, weight_bytes: float, kv_bytes_per_token: float) -> float:
+    """S = B(W + L k) / (W + B L k): batch-B throughput over batch-1 throughput, both at context L."""
+    w, lk = weight_bytes, context * kv_bytes_per_token
+    return batch * (w + lk) / (w + batch * lk)
+
+
+def crossover_context(batch: int, weight_bytes: float, kv_bytes_per_token: float) -> float:
+    """L* = W / (B k): the context where each token's private KV read equals its share of the weights."""
+    return weight_bytes / (batch * kv_bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Fit:
+    fixed_seconds: float  # a: per step, whatever the batch (the weight stream, launch costs)
+    per_token_seconds: float  # b: per sequence in the batch (compute, sampling)
+    per_kv_token_seconds: float  # c: per cached token read (attention over KV)
+    rms_relative_error: float  # over the samples it was fitted to
+    samples: int
+
+    def step_seconds(self, batch: int, total_context: float) -> float:
+        return self.fixed_seconds + self.per_token_seconds * batch + self.per_kv_token_seconds * total_context
+
+    def speedup(self, batch: int, context: float) -> float:
+        return batch * self.step_seconds(1, context) / self.step_seconds(batch, batch * context)
+
+
+class Calibration:
+    """Least squares on relative error, over the most recent decode steps and the startup probe."""
+
+    def __init__(self, max_samples: int = 512) -> None:
+        self._pinned: list[tuple[int, float, float]] = []  # probe points, never evicted
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=max_samples)
+        self.fit: Fit | None = None
+
+    def add(self, batch: int, total_context: float, seconds: float, pinned: bool = False) -> None:
+        if seconds <= 0:
+            return
+        (self._pinned if pinned else self._recent).append((batch, total_context, seconds))
+
+    def refit(self) -> Fit | None:
+        rows = self._pinned + list(self._recent)
+        if len(rows) < 3:
+            return self.fit
+        a = np.array(rows, dtype=float)
+        y = a[:, 2]
+        x = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]]) / y[:, None]
+        coef, *_ = np.linalg.lstsq(x, np.ones(len(a)), rcond=None)
+        coef = np.maximum(coef, 0.0)  # a negative cost is noise, not physics
+        pred = coef[0] + coef[1] * a[:, 0] + coef[2] * a[:, 1]
+        if pred.min() <= 0:
+            return self.fit
+        err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+        self.fit = Fit(float(coef[0]), float(coef[1]), float(coef[2]), err, len(a))
+        return self.fit
+
+
+class BatchOneReference:
+    """Batch-1 step time against context, from timed batch-1 decode steps (linear interpolation)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self._points: dict[int, float] = {}
+
+    def add(self, context: int, seconds: float) -> None:
+        self._points[context] = seconds
+
+    @property
+    def ready(self) -> bool:
+        return len(self._points) >= 1
+
+    def seconds_at(self, context: float) -> float:
+        xs = sorted(self._points)
+        ys = [self._points[x] for x in xs]
+        if len(xs) == 1:
+            return ys[0]
+        if context > xs[-1]:  # extend the last segment rather than flatten it
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + slope * (context - xs[-1])
+        return float(np.interp(context, xs, ys))
+
+    def as_dict(self) -> dict[str, object]:
+        return {"how": self.how, "points": {str(k): v for k, v in sorted(self._points.items())}}

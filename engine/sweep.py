@@ -1,0 +1,175 @@
+"""Decode throughput over batch sizes x contexts, against the seed formula and the calibrated fit."""
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.backend import Backend
+from engine.probe import fill, time_decode
+from engine.speedup import Calibration, crossover_context, predicted_speedup
+
+CPU_DEFAULT_BATCHES = (1, 2, 4, 8)
+CPU_DEFAULT_CONTEXTS = (64, 512, 2048)
+
+
+@dataclass
+class SweepRow:
+    batch: int
+    context: int
+    tokens_per_second: float
+    seconds_per_step: float
+    speedup: float  # vs batch 1 at the same context, both timed in this sweep
+    predicted_speedup: float  # seed formula (modeled)
+    calibrated_speedup: float | None  # fit to this sweep's own timings (modeled)
+    source: str  # measured | simulated
+    watts: float | None = None
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    power_source: str | None = None
+
+
+@dataclass
+class SweepResult:
+    source: str
+    model: str
+    backend: str
+    device: str
+    kv_type: str
+    weight_bytes: int
+    kv_bytes_per_token: float
+    rows: list[SweepRow]
+    fit_rms_relative_error: float | None
+    copy_check: dict[str, float] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def pace(batch: int, context: int, weight_bytes: float, k: float, measured: float | None = None,
+         predicted: float | None = None) -> str:
+    if measured is not None and predicted is not None and measured < 0.6 * predicted:
+        return "compute per token: the bandwidth formula misses it"
+    if context == 0:
+        return "pure weight stream, perfectly shared"
+    ratio = batch * context * k / weight_bytes  # private KV read over the shared weight read, per step
+    if ratio < 0.8:
+        return "weights still dominate the per-token cost"
+    if ratio <= 1.25:
+        return "KV read about equals weight read"
+    if ratio < 2.5:
+        return "private KV is now the larger half"
+    if ratio < 8:
+        return f"KV read is about {ratio:.0f}x the shared weights"
+    return "almost pure per-agent KV, batch barely helps"
+
+
+def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int], steps: int = 8,
+              check_copy: bool = False, power: Callable[[int, float], tuple[float, str] | None] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> SweepResult:
+    batches = sorted(set(batches) | {1})
+    facts = backend.facts
+    k = facts.kv_bytes_per_token(kv)
+    w = facts.step_weight_bytes(1)
+    ctx_per_seq = ((max(contexts) + steps + 8 + 255) // 256) * 256
+    backend.open(kv, max(batches), ctx_per_seq)
+    timings = {}
+    total, done = len(batches) * len(contexts), 0
+    for c in contexts:
+        fill(backend, 1, c)
+        for b in batches:
+            if progress:
+                progress(done, total)
+            timings[(b, c)] = time_decode(backend, b, c, steps=steps, warmup=2, filled=True)
+            done += 1
+        for s in range(max(batches)):
+            backend.drop(s)
+    if progress:
+        progress(total, total)
+    cal = Calibration()
+    for (b, c), t in timings.items():
+        cal.add(b, b * (c + 1), t.seconds_per_step, pinned=True)
+    fit = cal.refit()
+    rows = []
+    for c in contexts:
+        base = timings[(1, c)].tokens_per_second
+        for b in batches:
+            t = timings[(b, c)]
+            row = SweepRow(
+                batch=b, context=c, tokens_per_second=t.tokens_per_second, seconds_per_step=t.seconds_per_step,
+                speedup=t.tokens_per_second / base, predicted_speedup=predicted_speedup(b, c, w, k),
+                calibrated_speedup=fit.speedup(b, c) if fit else None, source=backend.source,
+            )
+            if power is not None:
+                reading = power(b, t.seconds_per_step)
+                if reading is not None:
+                    row.watts, row.power_source = reading
+                    row.joules_per_token = row.watts / t.tokens_per_second
+                    row.tokens_per_joule = 1 / row.joules_per_token
+            rows.append(row)
+    copy_check = None
+    if check_copy:
+        b, c = max(batches), max(contexts)
+        separate = time_decode(backend, b, c, steps=steps, warmup=2, copy=False)
+        copied = timings[(b, c)]
+        copy_check = {"batch": b, "context": c, "copied_seconds_per_step": copied.seconds_per_step,
+                      "separate_seconds_per_step": separate.seconds_per_step,
+                      "ratio": copied.seconds_per_step / separate.seconds_per_step}
+    return SweepResult(
+        source=backend.source, model=facts.name, backend=backend.info.name, device=backend.info.device,
+        kv_type=kv, weight_bytes=facts.weight_bytes, kv_bytes_per_token=k, rows=rows,
+        fit_rms_relative_error=fit.rms_relative_error if fit else None, copy_check=copy_check,
+    )
+
+
+def table_rows(result: SweepResult) -> list[list[str]]:
+    """The seed's table: one line per context at the largest batch."""
+    bmax = max(r.batch for r in result.rows)
+    out = []
+    for r in (r for r in result.rows if r.batch == bmax):
+        out.append([
+            f"{r.context:,}", f"{r.tokens_per_second:,.1f}", f"{r.speedup:.2f}x", f"{r.predicted_speedup:.2f}x",
+            f"{r.calibrated_speedup:.2f}x" if r.calibrated_speedup is not None else "n/a",
+            pace(bmax, r.context, result.weight_bytes, result.kv_bytes_per_token, r.speedup, r.predicted_speedup),
+        ])
+    return out
+
+
+def energy_rows(result: SweepResult) -> list[list[str]]:
+    out = []
+    for r in result.rows:
+        if r.watts is None:
+            continue
+        out.append([f"{r.batch}", f"{r.context:,}", f"{r.tokens_per_second:,.1f}", f"{r.watts:.0f}",
+                    f"{r.joules_per_token:.2f}", f"{r.tokens_per_joule:.2f}", r.power_source or ""])
+    return out
+
+
+def write_png(result: SweepResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    label = result.source
+    for b in sorted({r.batch for r in result.rows} - {1}):
+        rows = [r for r in result.rows if r.batch == b]
+        xs = [r.context for r in rows]
+        line = ax.plot(xs, [r.speedup for r in rows], "o-", label=f"B={b} {label}")[0]
+        ax.plot(xs, [r.predicted_speedup for r in rows], "--", color=line.get_color(), alpha=0.6,
+                label=f"B={b} seed formula (modeled)")
+        if rows[0].calibrated_speedup is not None:
+            ax.plot(xs, [r.calibrated_speedup for r in rows], ":", color=line.get_color(),
+                    label=f"B={b} calibrated (modeled)")
+    bmax = max(r.batch for r in result.rows)
+    ax.axvline(crossover_context(bmax, result.weight_bytes, result.kv_bytes_per_token), color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("context per agent (tokens)")
+    ax.set_ylabel("speedup vs batch 1")
+    ax.set_title(f"{result.model}, KV {result.kv_type} ({result.source})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,131 @@
+"""The swarm: coding agents whose contexts grow turn by turn, as a real agent session's does.
+
+A turn: the agent generates up to T tokens, then receives a tool result of about M tokens (prefilled),
+and so on; an agent that would outgrow its context limit starts a fresh task. Tool results are slices
+of Python's own standard-library sources, so nothing is downloaded. Deterministic under the seed.
+"""
+
+import random
+import sysconfig
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from engine.backend import Backend
+
+SYSTEM_PROMPT = (
+    "You are a coding agent working in a Python repository. Read the tool results, reason briefly, "
+    "then call the next tool or propose a patch."
+)
+TASKS = (
+    "Find why {mod} raises on an empty input and fix it with a test.",
+    "Add type hints to the public functions of {mod} without changing behaviour.",
+    "The CI says {mod} is slow on large inputs. Profile it and propose a faster loop.",
+    "Write a regression test for the last bug fixed in {mod}.",
+    "Refactor {mod} so that its parsing and its I/O live in separate functions.",
+    "Explain what {mod} does to a new contributor, then list three risky spots.",
+    "Port the deprecated calls in {mod} to their current replacements.",
+    "Review the error handling in {mod}: which exceptions can escape to the caller?",
+)
+
+
+class AgentState(Enum):
+    PREFILL = "prefilling"  # has tokens waiting to be ingested
+    DECODE = "decoding"  # ready to generate (it shows as "waiting" when a step leaves it out)
+    PREEMPTED = "preempted"  # cache freed; its whole history must be prefilled again
+
+
+@dataclass
+class Agent:
+    id: int
+    seq: int  # its sequence id (KV stream) in the backend
+    limit: int  # context limit, tokens
+    history: list[int] = field(default_factory=list)  # every token in its cache, in order
+    pending: list[int] = field(default_factory=list)  # tokens to ingest before it can generate
+    state: AgentState = AgentState.PREFILL
+    next_token: int | None = None  # sampled, not yet in the cache
+    turn_generated: int = 0
+    generated: int = 0
+    turns: int = 0
+    tasks: int = 0
+    last_served_step: int = -1
+    tail: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turn_text: str = ""
+
+    @property
+    def context(self) -> int:
+        return len(self.history)
+
+
+def _stdlib_sources() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
+
+
+class Workload:
+    def __init__(self, backend: Backend, seed: int, gen_tokens: int, tool_tokens: int) -> None:
+        self.backend = backend
+        self.seed = seed
+        self.gen_tokens = gen_tokens  # T: the most tokens an agent generates in one turn
+        self.tool_tokens = tool_tokens  # M: tokens of each tool result
+        self.sources = _stdlib_sources()
+        self._text_cache: dict[Path, str] = {}
+
+    def rng(self, agent: Agent, salt: int) -> random.Random:
+        return random.Random(hash((self.seed, agent.id, agent.tasks, agent.turns, salt)))
+
+    def turn_budget(self) -> int:
+        """Tokens one more turn may add: the generation, the tool result and the template's tags."""
+        return self.gen_tokens + self.tool_tokens + 64
+
+    def start_task(self, agent: Agent) -> None:
+        agent.tasks += 1
+        agent.turns = 0
+        r = self.rng(agent, 0)
+        mod = r.choice(self.sources).stem if self.sources else "json"
+        agent.messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": r.choice(TASKS).format(mod=f"{mod}.py")},
+        ]
+        self.backend.drop(agent.seq)  # the old task's cache goes
+        agent.history = []
+        agent.pending = self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True))
+        agent.state = AgentState.PREFILL
+        agent.next_token = None
+        agent.turn_generated = 0
+        agent.turn_text = ""
+        self.backend.seed_sampler(agent.seq, hash((self.seed, agent.id, agent.tasks)) & 0x7FFFFFFF)
+
+    def tool_result(self, agent: Agent) -> str:
+        r = self.rng(agent, 1)
+        if not self.sources:
+            return "ok\n" * self.tool_tokens
+        path = r.choice(self.sources)
+        text = self._text_cache.get(path)
+        if text is None:
+            text = self._text_cache[path] = path.read_text(encoding="utf-8", errors="replace")
+        # ~4 characters per token; cut by tokens below
+        span = self.tool_tokens * 5
+        start = r.randrange(0, max(1, len(text) - span))
+        return f"$ sed -n ... {path.name}\n" + text[start : start + span]
+
+    def end_turn(self, agent: Agent) -> None:
+        """After generating: the tool result arrives, or, near the limit, a fresh task begins."""
+        agent.turns += 1
+        if agent.context + self.turn_budget() > agent.limit:
+            self.start_task(agent)
+            return
+        agent.messages.append({"role": "assistant", "content": agent.turn_text})
+        before = self.backend.chat(agent.messages, add_assistant=False)
+        tool = self.tool_result(agent)
+        tool_ids = self.backend.tokenize(tool)[: self.tool_tokens]
+        tool = "".join(self.backend.piece(t) for t in tool_ids)
+        agent.messages.append({"role": "user", "content": "Tool result:\n" + tool})
+        after = self.backend.chat(agent.messages, add_assistant=True)
+        delta = after[len(before) :] if after.startswith(before) else after
+        agent.pending = self.backend.tokenize(delta)
+        agent.state = AgentState.PREFILL
+        agent.turn_generated = 0
+        agent.turn_text = ""
+        agent.next_token = None

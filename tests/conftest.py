@@ -1,0 +1,41 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.default_model import default_model_path
+from engine.engine import Engine, EngineSettings
+from engine.profiles import profile
+from engine.sim_backend import SimBackend
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM = "rx9070xt-qwen3.5-9b"
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def sim_engine():
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def llama_backend(model_path):
+    from engine.llama_backend import LlamaBackend
+    from engine.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(model_path), n_threads=2)
+    yield b
+    b.close()

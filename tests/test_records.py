@@ -1,0 +1,78 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.errors import UserError
+from engine.records import read_recording
+from tests.conftest import ROOT, SIM, run_cli
+
+HEADER_KEYS = {"model", "weight_bytes", "kv_bytes_per_token", "backend", "device", "versions", "settings", "source"}
+STEP_KEYS = {"type", "step", "t", "kind", "batch", "batch_ids", "batch_cap", "kv_type", "agents", "weight_bytes",
+             "kv_bytes", "seconds", "tokens", "watts", "joules", "power_source"}
+
+
+def test_sim_recording_format(tmp_path):
+    out = run_cli("record", "--sim", SIM, "--steps", "300", "-o", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 0, out.stderr
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 301
+    header = json.loads(lines[0])
+    assert header["type"] == "header" and header["source"] == "simulated"
+    assert HEADER_KEYS <= set(header)
+    assert set(header["kv_bytes_per_token"]) >= {"f16", "q8_0", "q4_0"}
+    steps = [json.loads(x) for x in lines[1:]]
+    assert [s["step"] for s in steps] == list(range(300))
+    for s in steps:
+        assert STEP_KEYS <= set(s)
+        assert s["kind"] in ("decode", "prefill", "rebuild")
+        assert all({"id", "context", "state"} <= set(a) for a in s["agents"])
+    decode = [s for s in steps if s["kind"] == "decode"]
+    assert decode and all(s["source"] == "simulated" for s in steps)
+    d = decode[-1]
+    k = header["kv_bytes_per_token"][d["kv_type"]]
+    ctx = {a["id"]: a["context"] for a in d["agents"]}
+    assert d["kv_bytes"] == pytest.approx(sum(ctx[i] for i in d["batch_ids"]) * k)
+    assert d["predicted_speedup"] > 1 and d["measured_speedup"] > 1
+    assert "recording" in out.stderr  # progress goes to stderr
+
+
+def test_truncated_last_line_is_skipped(tmp_path):
+    out = run_cli("record", "--sim", SIM, "--steps", "50", "-o", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 0
+    data = (tmp_path / "r.jsonl").read_bytes()
+    (tmp_path / "cut.jsonl").write_bytes(data[:-37])
+    rec = read_recording(tmp_path / "cut.jsonl")
+    assert rec.skipped_partial and len(rec.steps) == 49
+    full = read_recording(tmp_path / "r.jsonl")
+    assert not full.skipped_partial and len(full.steps) == 50
+
+
+def test_garbled_or_empty_recordings(tmp_path):
+    (tmp_path / "g.jsonl").write_text('{"type":"header"}\nnot json at all\n{"type":"step"}\n')
+    with pytest.raises(UserError, match="line 2"):
+        read_recording(tmp_path / "g.jsonl")
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(UserError, match="empty"):
+        read_recording(tmp_path / "e.jsonl")
+    (tmp_path / "n.jsonl").write_text('{"type":"step"}\n')
+    with pytest.raises(UserError, match="header"):
+        read_recording(tmp_path / "n.jsonl")
+
+
+def test_killed_recorder_loses_at_most_the_last_line(tmp_path):
+    path = tmp_path / "k.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "record", "--sim", SIM, "--duration", "60",
+                          "-o", str(path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline and (not path.exists() or path.stat().st_size < 200_000):
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    rec = read_recording(path)
+    assert len(rec.steps) > 50
+    assert [s.step for s in rec.steps] == list(range(len(rec.steps)))
