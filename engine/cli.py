@@ -1,6 +1,7 @@
 """The `swarmtune` command. Bad input ends in one line on stderr and exit status 2, never a traceback."""
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -79,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--check-copy", action="store_true",
                     help="also time separately prefilled agents at the largest point, against copied caches")
     sub.add_parser("profiles", help="list the sim backend's hardware profiles")
+    pw = sub.add_parser("power", help="list the power sources: available or not, and why")
+    pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")
     return p
 
 
@@ -121,10 +124,13 @@ def engine_settings(args: argparse.Namespace, backend):
 
 def make_engine(args: argparse.Namespace, progress=None):
     from engine.engine import Engine
+    from engine.power.meter import make_meter
 
     backend = make_backend(args)
     try:
-        return Engine(backend, engine_settings(args, backend), progress=progress)
+        settings = engine_settings(args, backend)
+        meter = make_meter(args.power, getattr(backend, "profile", None))
+        return Engine(backend, settings, progress=progress, meter=meter)
     except BaseException:
         backend.close()
         raise
@@ -137,6 +143,16 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"{p.name:24} {p.description}")
         print(f"{'':24} W {p.weight_bytes / 1e9:.3g} GB, k(f16) {p.kv_bytes_per_token_f16 / 1e3:.3g} KB, "
               f"{p.power_floor_watts:.0f} W + {p.power_per_agent_watts:.0f} W/agent; {p.source}")
+    return 0
+
+
+def cmd_power(args: argparse.Namespace) -> int:
+    from engine.power.sensors import survey
+
+    for a in survey(args.sysfs_root):
+        print(f"{a.name:8} {'available' if a.available else 'n/a':10} {a.reason}")
+    print(f"{'modeled':8} {'available':10} "
+          "with --sim PROFILE: the profile's floor + per-agent watts (labelled modeled)")
     return 0
 
 
@@ -278,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_dashboard(args)
 
 
-COMMANDS = {"run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles}
+COMMANDS = {"run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles, "power": cmd_power}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a bug, not bad input: still one line, the traceback only on request
+        if os.environ.get("SWARMTUNE_DEBUG"):
+            raise
+        print(f"swarmtune: internal error: {type(e).__name__}: {e} (SWARMTUNE_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 def entry() -> None:

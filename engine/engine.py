@@ -13,6 +13,8 @@ import engine as engine_pkg
 from engine.backend import Backend, NoKVSlot
 from engine.errors import UserError
 from engine.kv_types import KV_TYPES, kv_type
+from engine.power.ledger import EnergyLedger
+from engine.power.meter import NoMeter
 from engine.probe import fill, time_decode
 from engine.records import AgentView, StepRecord
 from engine.scheduler import Plan, Scheduler
@@ -73,7 +75,7 @@ class EngineState:
 
 class Engine:
     def __init__(self, backend: Backend, settings: EngineSettings,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None, meter=None) -> None:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts
@@ -100,6 +102,9 @@ class Engine:
         self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents)
         self.started = False
         self.started_at = ""
+        self.meter = meter or NoMeter("n/a: no power source chosen")
+        self.ledger = EnergyLedger()
+        self._step_t0 = 0.0
 
     # setup
     def _budget_tokens(self, kv: str) -> int:
@@ -158,6 +163,7 @@ class Engine:
             "settings": {**asdict(self.s), **b.info.settings, "slots": self.slots},
             "source": b.source,
             "reference": self.reference.as_dict(),
+            "power": {"source": self.meter.label, "detail": self.meter.reason},
             "started_at": self.started_at,
         }
 
@@ -230,6 +236,7 @@ class Engine:
     def step(self) -> StepRecord:
         if not self.started:
             self.start()
+        self._step_t0 = time.perf_counter()
         rec = self._apply_controls()
         if rec is not None:
             return rec
@@ -368,7 +375,15 @@ class Engine:
             source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 else None,
         )
+        power = self.meter.step(self._step_t0, time.perf_counter(), b, seconds) if kind != "rebuild" else None
+        if power is not None:
+            rec.watts, rec.joules, rec.power_source = power.watts, power.joules, power.source
+            if tokens:
+                rec.joules_per_token = power.joules / tokens
+                rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
         if kind == "decode" and b:
+            if power is not None:
+                self.ledger.add(b, power.joules, tokens, seconds)
             rec.predicted_speedup = predicted_speedup(b, mean_ctx, self.facts.step_weight_bytes(1), k)
             self.calibration.add(b, sum(contexts), seconds)
             if self.step_index % REFIT_EVERY_STEPS == 0 or self.calibration.fit is None:
@@ -377,6 +392,13 @@ class Engine:
                 rec.calibrated_speedup = self.calibration.fit.speedup(b, mean_ctx)
             if self.reference.ready and seconds > 0:
                 rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
+            fit = self.calibration.fit
+            if fit is not None and power is not None:
+                watts_at = self.meter.watts_at(1) is not None and self.meter.watts_at or None
+                m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), watts_at)
+                if m is not None:
+                    rec.next_agent_joules_per_token = m.joules_per_token_next
+                    rec.modeled_joules_per_token = m.joules_per_token_now
         self.step_index += 1
         return rec
 
@@ -392,6 +414,7 @@ class Engine:
         return out
 
     def close(self) -> None:
+        self.meter.close()
         self.backend.close()
 
 
