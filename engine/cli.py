@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--png", dest="png_path", help="write a figure of speedup vs context")
     sw.add_argument("--check-copy", action="store_true",
                     help="also time separately prefilled agents at the largest point, against copied caches")
+    rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
+    rp.add_argument("file")
+    rp.add_argument("--speed", type=float, default=1.0, help="playback speed (2 = twice as fast)")
     sub.add_parser("profiles", help="list the sim backend's hardware profiles")
     pw = sub.add_parser("power", help="list the power sources: available or not, and why")
     pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")
@@ -294,7 +297,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_dashboard(args)
 
 
-COMMANDS = {"run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles, "power": cmd_power}
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.records import read_recording
+
+    if args.speed <= 0:
+        raise UserError(f"--speed must be positive (got {args.speed})")
+    read_recording(args.file)  # bad files fail here, before the screen is taken
+    try:
+        from tui.app import run_replay
+    except ImportError as e:
+        raise UserError(f"the dashboard needs textual ({e})") from None
+    return run_replay(args.file, args.speed)
+
+
+COMMANDS = {"replay": cmd_replay, "run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles, "power": cmd_power}
 
 
 def main(argv: list[str] | None = None) -> int:

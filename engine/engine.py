@@ -105,6 +105,7 @@ class Engine:
         self.meter = meter or NoMeter("n/a: no power source chosen")
         self.ledger = EnergyLedger()
         self._step_t0 = 0.0
+        self._decoding_ids: set[int] = set()
 
     # setup
     def _budget_tokens(self, kv: str) -> int:
@@ -370,7 +371,7 @@ class Engine:
             t = time.perf_counter() - self._t0
         rec = StepRecord(
             step=self.step_index, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
-            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views(batch),
+            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views(kind, batch),
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
             source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 else None,
@@ -389,7 +390,9 @@ class Engine:
             if self.step_index % REFIT_EVERY_STEPS == 0 or self.calibration.fit is None:
                 self.calibration.refit()
             if self.calibration.fit is not None:
-                rec.calibrated_speedup = self.calibration.fit.speedup(b, mean_ctx)
+                f = self.calibration.fit
+                rec.calibrated_speedup = f.speedup(b, mean_ctx)
+                rec.fit = [f.fixed_seconds, f.per_token_seconds, f.per_kv_token_seconds, f.rms_relative_error]
             if self.reference.ready and seconds > 0:
                 rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
             fit = self.calibration.fit
@@ -402,12 +405,17 @@ class Engine:
         self.step_index += 1
         return rec
 
-    def _views(self, batch: list[Agent]) -> list[AgentView]:
-        in_batch = {a.id for a in batch}
+    def _views(self, kind: str, batch: list[Agent]) -> list[AgentView]:
+        # a prefill step interrupts decoding without ending it: agents keep the state of the last decode batch
+        if kind == "decode":
+            self._decoding_ids = {a.id for a in batch}
+        prefilled = {a.id for a in batch} if kind == "prefill" else set()
         out = []
         for a in self.agents:
-            if a.state is AgentState.DECODE:
-                state = "decoding" if a.id in in_batch else "waiting"
+            if a.id in prefilled:
+                state = AgentState.PREFILL.value
+            elif a.state is AgentState.DECODE:
+                state = "decoding" if a.id in self._decoding_ids else "waiting"
             else:
                 state = a.state.value
             out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail))

@@ -48,6 +48,8 @@ class StepRecord:
     measured_speedup: float | None = None  # vs the batch-1 reference at the same context
     predicted_speedup: float | None = None  # seed formula B(W+Lk)/(W+BLk), modeled
     calibrated_speedup: float | None = None  # from the fit to this machine's measurements, modeled
+    # the calibrated step-time model t = fixed + per_token*B + per_kv_token*sum(L), and its rms relative error
+    fit: list[float] | None = None
     joules_per_token: float | None = None
     tokens_per_joule: float | None = None
     # one more agent in the batch: J/token now and with it (modeled from the step-time fit and the power model)

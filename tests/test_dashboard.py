@@ -1,0 +1,89 @@
+"""Pilot tests of the dashboard's controls on the sim backend, and one on the real default model."""
+
+import pytest
+
+from engine.engine import Engine, EngineSettings
+from engine.power.meter import ModeledMeter
+from engine.profiles import profile
+from engine.sim_backend import SimBackend
+from tests.conftest import SIM
+from tui.app import SwarmApp
+from tui.sources import LiveSource
+
+
+def sim_app() -> SwarmApp:
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=16384, kv_budget_bytes=p.kv_budget_bytes),
+               meter=ModeledMeter(p.power_floor_watts, p.power_per_agent_watts))
+    return SwarmApp(LiveSource(e))
+
+
+async def wait_for(pilot, cond, timeout=10.0):
+    for _ in range(int(timeout / 0.1)):
+        if cond():
+            return True
+        await pilot.pause(0.1)
+    return cond()
+
+
+async def test_controls_on_the_sim_backend():
+    app = sim_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
+        assert app.mode == "SIMULATED"
+        await pilot.press("k")
+        assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
+        await pilot.press("minus")
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 7)
+        await pilot.press("plus")
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 8)
+        await pilot.press("a")
+        assert await wait_for(pilot, lambda: len(app.stats.latest.agents) == 9)
+        await pilot.press("x")
+        assert await wait_for(pilot, lambda: len(app.stats.latest.agents) == 8)
+        await pilot.press("space")
+        assert app.paused
+        n = app.stats.steps
+        await pilot.pause(0.5)
+        assert app.stats.steps <= n + 12  # at most what was already in flight
+        await pilot.press("space")
+        await pilot.press("r")
+        assert app.stats.steps < 20
+        await pilot.press("question_mark")
+        assert any("cycle KV" in note.message for note in app._notifications)
+        await pilot.press("q")
+
+
+async def test_typed_values_and_refusals():
+    app = sim_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
+        await pilot.press("colon")
+        for ch in "cap 3":
+            await pilot.press("space" if ch == " " else ch)
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 3)
+        await pilot.press("colon", *"kv", "space", *"fp8", "enter")
+        await pilot.pause(0.2)
+        assert any("unknown KV type" in n.message for n in app._notifications)
+        await pilot.press("colon", *"cap", "space", *"99", "enter")
+        await pilot.pause(0.2)
+        assert any("between 1 and" in n.message for n in app._notifications)
+        assert app.engine.state().batch_cap == 3 and app.engine.state().kv == "f16"
+        for _ in range(5):
+            await pilot.press("minus")
+        await pilot.pause(0.2)
+        assert app.engine.state().batch_cap == 1  # refused below 1, left at 1
+
+
+@pytest.mark.model
+async def test_dashboard_on_the_default_model(llama_backend):
+    e = Engine(llama_backend, EngineSettings(agents=3, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, probe=False))
+    app = SwarmApp(LiveSource(e))
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None, timeout=60)
+        assert app.mode == ""  # measured, not simulated
+        await pilot.press("minus")
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 2, timeout=30)
+        assert any(a.tail.strip() for a in app.stats.latest.agents)
+        assert app.stop_engine()

@@ -1,0 +1,287 @@
+"""The dashboard: one screen of panels fed by a source (a live engine, a recording, a remote engine).
+The source runs in a worker thread; the UI repaints at most ~10 times a second."""
+
+import threading
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Input, ProgressBar
+
+from engine.errors import UserError
+from engine.kv_types import KV_TYPES
+from engine.records import StepRecord
+from tui.messages import EngineFailed, EngineProgress, StepsArrived
+from tui.sources import UI_INTERVAL_S, LiveSource, ReplaySource
+from tui.stats import Stats
+from tui.widgets.agents import AgentsTable
+from tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
+from tui.widgets.power import PowerPanel
+from tui.widgets.status import StatusLine
+
+KV_CYCLE = ("f16", "q8_0", "q4_0")
+LIVE_HELP = (
+    "k cycle KV (f16 -> q8_0 -> q4_0) | : type a command (kv TYPE, cap N, agents N) | +/- batch cap | "
+    "a/x add/remove agent | space pause | r reset statistics | q quit"
+)
+REPLAY_HELP = "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
+
+
+class SwarmApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "swarmtune"
+    BINDINGS = [
+        Binding("k", "cycle_kv", "KV type"),
+        Binding("plus,equals_sign", "cap(1)", "cap +", key_display="+"),
+        Binding("minus", "cap(-1)", "cap -", key_display="-"),
+        Binding("a", "agents(1)", "add agent"),
+        Binding("x", "agents(-1)", "remove agent"),
+        Binding("space", "pause", "pause"),
+        Binding("full_stop", "step_once", "step", show=False),
+        Binding("left_square_bracket", "seek(-1)", "seek -", show=False),
+        Binding("right_square_bracket", "seek(1)", "seek +", show=False),
+        Binding("less_than_sign", "speed(0.5)", "slower", show=False),
+        Binding("greater_than_sign", "speed(2)", "faster", show=False),
+        Binding("r", "reset", "reset stats"),
+        Binding("colon", "command", "command", key_display=":"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, source: LiveSource | ReplaySource, animate: bool = True) -> None:
+        super().__init__()
+        self.source = source
+        self.stats = Stats()
+        self.mode = source.mode
+        self._dirty = False
+        self._animate = animate  # snapshot tests freeze the source
+        self.engine_stopped = threading.Event()  # set once the worker has left the source for good
+
+    # kept for the tests and the benchmarks, which drive a live engine
+    @property
+    def engine(self):
+        return getattr(self.source, "engine", None)
+
+    @property
+    def paused(self) -> bool:
+        return self.source.paused
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        yield ProgressBar(id="rebuild", show_eta=False)
+        with Horizontal(id="top"):
+            yield AgentsTable(id="agents")
+            with Vertical(id="right"):
+                yield BatchPlot(id="batch")
+                yield PowerPanel(id="power")
+        with Horizontal(id="bottom"):
+            yield SpeedupPlot(id="speedup")
+            yield BytesPlot(id="bytes")
+        yield Input(placeholder="kv q8_0 | cap 4 | agents 6  (enter to apply, escape to close)", id="command")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#command").display = False
+        self.query_one(AgentsTable).focus()  # not the hidden command box, which would swallow the keys
+        self.query_one(StatusLine).update("starting...")
+        if self._animate:
+            self.run_source()
+        else:
+            self.engine_stopped.set()
+        self.set_interval(UI_INTERVAL_S, self.refresh_panels)
+
+    # the source, off the UI thread
+    @work(thread=True, exclusive=True, name="source")
+    def run_source(self) -> None:
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        kw = {}
+        if isinstance(self.source, ReplaySource):
+            kw["on_seek"] = lambda before: self.call_from_thread(self._rebuild_stats, before)
+        try:
+            self.source.run(
+                emit=lambda recs: self.post_message(StepsArrived(recs)),
+                cancelled=lambda: worker.is_cancelled,
+                progress=lambda what, done, total: self.post_message(EngineProgress(what, done, total)),
+                on_header=lambda h: self.call_from_thread(self._set_header, h),
+                **kw,
+            )
+        except Exception as e:  # shown on screen, never a traceback
+            self.post_message(EngineFailed(f"{type(e).__name__}: {e}"))
+        finally:
+            self.engine_stopped.set()
+
+    def stop_engine(self, timeout_s: float = 30.0) -> bool:
+        """Cancel the worker and wait until it is out of llama_decode: freeing the context under a
+        running decode crashes the process."""
+        self.workers.cancel_all()
+        return self.engine_stopped.wait(timeout_s)
+
+    def _set_header(self, header: dict) -> None:
+        self.stats.header = header
+        self._dirty = True
+
+    def _rebuild_stats(self, before: list[StepRecord]) -> None:
+        self.stats.reset()
+        for r in before:
+            self.stats.add(r)
+        self._dirty = True
+
+    def feed(self, header: dict, records: list[StepRecord]) -> None:
+        """Show records directly (snapshot tests, frozen replays)."""
+        self.stats.header = header
+        for r in records:
+            self.stats.add(r)
+        self._dirty = True
+        self.refresh_panels()
+
+    def on_steps_arrived(self, message: StepsArrived) -> None:
+        for r in message.records:
+            self.stats.add(r)
+        self._dirty = True
+
+    def on_engine_progress(self, message: EngineProgress) -> None:
+        bar = self.query_one("#rebuild", ProgressBar)
+        bar.set_class(message.done < message.total, "active")
+        bar.update(total=message.total, progress=message.done)
+        self.query_one(StatusLine).update(f"{message.what}: {message.done}/{message.total}")
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.notify(message.error, severity="error", timeout=30)
+
+    def refresh_panels(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        s = self.stats
+        extra = s.rebuild_note
+        if isinstance(self.source, ReplaySource):
+            n = len(self.source.rec.steps)
+            extra = f"step {self.source.position}/{n} at {self.source.speed:g}x" + (
+                " (last line was cut)" if self.source.rec.skipped_partial else "")
+        self.query_one(StatusLine).show(s, self.mode, self.source.paused, extra)
+        self.query_one(AgentsTable).show(s)
+        self.query_one(BatchPlot).show(s)
+        self.query_one(SpeedupPlot).show(s)
+        self.query_one(BytesPlot).show(s)
+        self.query_one(PowerPanel).show(s)
+
+    # controls: validated by the source; a refusal is a message, the engine unaffected
+    def _control(self, **kw) -> None:
+        try:
+            st = self.source.request(**kw)
+        except UserError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.notify(f"KV {st.kv}, batch cap {st.batch_cap}, agents {st.agents}", timeout=3)
+
+    def action_cycle_kv(self) -> None:
+        cur = self.source.state().kv
+        nxt = KV_CYCLE[(KV_CYCLE.index(cur) + 1) % len(KV_CYCLE)] if cur in KV_CYCLE else KV_CYCLE[0]
+        self._control(kv=nxt)
+
+    def action_cap(self, delta: int) -> None:
+        self._control(batch_cap=self.source.state().batch_cap + delta)
+
+    def action_agents(self, delta: int) -> None:
+        self._control(agents=self.source.state().agents + delta)
+
+    def action_pause(self) -> None:
+        self.source.paused = not self.source.paused
+        self._dirty = True
+
+    def _replay(self) -> ReplaySource | None:
+        if isinstance(self.source, ReplaySource):
+            return self.source
+        self.notify("only a replay can step, seek or change speed", severity="warning")
+        return None
+
+    def action_step_once(self) -> None:
+        if (src := self._replay()) is not None:
+            src.paused = True
+            src.step_once()
+
+    def action_seek(self, direction: int) -> None:
+        if (src := self._replay()) is not None:
+            n = len(src.rec.steps)
+            src.seek(src.position + direction * max(1, n // 10))
+
+    def action_speed(self, factor: float) -> None:
+        if (src := self._replay()) is not None:
+            src.speed = min(64.0, max(1 / 16, src.speed * factor))
+            self._dirty = True
+
+    def action_reset(self) -> None:
+        self.stats.reset()
+        self._dirty = True
+        self.notify("statistics reset", timeout=2)
+
+    def action_help(self) -> None:
+        self.notify(REPLAY_HELP if isinstance(self.source, ReplaySource) else LIVE_HELP, title="keys", timeout=10)
+
+    def action_command(self) -> None:
+        box = self.query_one("#command", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#command")
+    def run_command(self, event: Input.Submitted) -> None:
+        self._close_command()
+        parts = event.value.split()
+        if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents"):
+            self.notify(f"unknown command {event.value!r}: use kv TYPE, cap N or agents N", severity="error")
+            return
+        what, value = parts
+        if what == "kv":
+            if value not in KV_TYPES:
+                self.notify(f"unknown KV type {value!r}; choose one of {', '.join(KV_TYPES)}", severity="error")
+                return
+            self._control(kv=value)
+            return
+        try:
+            n = int(value)
+        except ValueError:
+            self.notify(f"{what} needs a whole number (got {value!r})", severity="error")
+            return
+        self._control(**({"batch_cap": n} if what == "cap" else {"agents": n}))
+
+    def _close_command(self) -> None:
+        box = self.query_one("#command", Input)
+        box.display = False
+        box.value = ""
+        self.query_one(AgentsTable).focus()
+
+    def key_escape(self) -> None:
+        if self.query_one("#command", Input).display:
+            self._close_command()
+
+    def on_unmount(self) -> None:
+        self.workers.cancel_all()
+
+
+def run_app(source: LiveSource | ReplaySource) -> int:
+    app = SwarmApp(source)
+    try:
+        app.run()
+    finally:
+        # free the engine only once the worker is out of it
+        if app.stop_engine():
+            source.close()
+    return 0
+
+
+def run_dashboard(args) -> int:
+    from engine.cli import make_engine
+
+    return run_app(LiveSource(make_engine(args)))
+
+
+def run_replay(path: str, speed: float = 1.0) -> int:
+    from engine.records import read_recording
+
+    rec = read_recording(path)
+    if not rec.steps:
+        raise UserError(f"{path}: the recording has no steps")
+    return run_app(ReplaySource(rec, speed))

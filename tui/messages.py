@@ -1,0 +1,29 @@
+"""App-wide messages."""
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from engine.records import StepRecord
+
+
+@dataclass
+class StepsArrived(Message):
+    """New step records from the engine worker; at most ~10 a second reach the UI."""
+
+    records: list[StepRecord]
+
+
+@dataclass
+class EngineProgress(Message):
+    what: str  # probe | rebuild
+    done: int
+    total: int
+
+    def can_replace(self, message: Message) -> bool:  # only the newest progress matters
+        return isinstance(message, EngineProgress)
+
+
+@dataclass
+class EngineFailed(Message):
+    error: str

@@ -1,0 +1,77 @@
+"""What the dashboard shows, folded from step records: rolling rates, histories, the latest state.
+Pure Python (no widgets), so replay, attach and the live engine share it."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.records import StepRecord
+
+HISTORY = 240
+WINDOW_S = 5.0
+
+
+@dataclass
+class Stats:
+    header: dict = field(default_factory=dict)
+    latest: StepRecord | None = None
+    latest_decode: StepRecord | None = None
+    steps: int = 0
+    batch_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (step, batch, cap, waiting)
+    measured_points: deque = field(default_factory=lambda: deque(maxlen=400))  # (mean context, speedup, batch)
+    window: deque = field(default_factory=deque)  # (t, tokens decoded, steps)
+    agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
+    joules: float = 0.0
+    energy_tokens: int = 0
+    rebuild_note: str = ""
+
+    def reset(self) -> None:
+        header = self.header
+        self.__init__()  # type: ignore[misc]
+        self.header = header
+
+    def add(self, r: StepRecord) -> None:
+        self.latest = r
+        self.steps += 1
+        t = r.t
+        decoded = r.tokens if r.kind == "decode" else 0
+        self.window.append((t, decoded))
+        while self.window and t - self.window[0][0] > WINDOW_S:
+            self.window.popleft()
+        waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
+        if r.kind == "decode":
+            self.latest_decode = r
+            self.batch_history.append((r.step, r.batch, r.batch_cap, waiting))
+            if r.measured_speedup is not None:
+                self.measured_points.append((r.mean_context, r.measured_speedup, r.batch))
+            if r.joules is not None:
+                self.joules += r.joules
+                self.energy_tokens += r.tokens
+        if r.kind == "rebuild":
+            self.rebuild_note = r.note
+        for a in r.agents:
+            d = self.agent_rate.setdefault(a.id, deque(maxlen=64))
+            d.append((t, a.generated))
+
+    @property
+    def tokens_per_second(self) -> float:
+        if len(self.window) < 2:
+            return 0.0
+        span = self.window[-1][0] - self.window[0][0]
+        return sum(x[1] for x in list(self.window)[1:]) / span if span > 0 else 0.0
+
+    @property
+    def steps_per_second(self) -> float:
+        if len(self.window) < 2:
+            return 0.0
+        span = self.window[-1][0] - self.window[0][0]
+        return (len(self.window) - 1) / span if span > 0 else 0.0
+
+    def agent_tokens_per_second(self, agent_id: int) -> float:
+        d = self.agent_rate.get(agent_id)
+        if not d or len(d) < 2 or d[-1][0] <= d[0][0]:
+            return 0.0
+        return (d[-1][1] - d[0][1]) / (d[-1][0] - d[0][0])
+
+    @property
+    def joules_per_token(self) -> float | None:
+        return self.joules / self.energy_tokens if self.energy_tokens and self.joules > 0 else None

@@ -1,0 +1,34 @@
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.stats import Stats
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
+
+
+class StatusLine(Static):
+    def show(self, stats: Stats, mode: str, paused: bool, extra: str = "") -> None:
+        """The numbers first, so an 80-column terminal still shows them; the model and device last."""
+        h, r = stats.header, stats.latest
+        t = Text()
+        if mode:
+            t.append(f" {mode} ", style="bold reverse red")
+            t.append(" ")
+        if paused:
+            t.append("PAUSED ", style="bold yellow")
+        src = h.get("source", "")
+        t.append(f"{stats.tokens_per_second:,.1f} tok/s", style="bold")
+        t.append(f" ({src}) {stats.steps_per_second:,.1f} steps/s")
+        if r is not None:
+            t.append(f" | KV {r.kv_type} | cap {r.batch_cap} | {len(r.agents)} agents")
+        if extra:
+            t.append(f" | {extra}", style="italic")
+        model = h.get("model", {}).get("name", "?")
+        t.append(f" | {model} | {h.get('backend', '?')} on {h.get('device', '?')}")
+        self.update(t)
