@@ -310,7 +310,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run_replay(args.file, args.speed)
 
 
-COMMANDS = {"replay": cmd_replay, "run": cmd_run, "record": cmd_record, "sweep": cmd_sweep, "profiles": cmd_profiles, "power": cmd_power}
+COMMANDS = {
+    "run": cmd_run, "record": cmd_record, "replay": cmd_replay, "sweep": cmd_sweep, "profiles": cmd_profiles,
+    "power": cmd_power,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

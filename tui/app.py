@@ -25,7 +25,9 @@ LIVE_HELP = (
     "k cycle KV (f16 -> q8_0 -> q4_0) | : type a command (kv TYPE, cap N, agents N) | +/- batch cap | "
     "a/x add/remove agent | space pause | r reset statistics | q quit"
 )
-REPLAY_HELP = "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
+REPLAY_HELP = (
+    "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
+)
 
 
 class SwarmApp(App):
