@@ -13,8 +13,8 @@ from engine.engine import Engine, EngineSettings
 from engine.llama_backend import LlamaBackend
 from engine.model_facts import read_model_facts
 from engine.records import RecordWriter
+from engine.sources import LiveSource
 from tui.app import SwarmApp
-from tui.sources import LiveSource
 
 
 def settings(a) -> EngineSettings:

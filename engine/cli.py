@@ -59,6 +59,53 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--power", default="auto", help="power source: auto, or one 'swarmtune power' lists")
 
 
+def add_attach_flags(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("remote engine")
+    if required:
+        g.add_argument("url", help="e.g. http://gpu-box:8765 (swarmtune serve), :8080 (llama-server), :8000 (vLLM)")
+    else:
+        g.add_argument("--attach", dest="url", metavar="URL", default=None, help="record a remote engine instead")
+    g.add_argument("--token", default=None, help="bearer token for swarmtune serve (or SWARMTUNE_TOKEN)")
+    g.add_argument("--gguf", default=None, help="read W and k from this model file (llama-server, vLLM)")
+    g.add_argument("--weight-bytes", type=float, default=None, help="W, when the remote does not tell")
+    g.add_argument("--kv-bytes-per-token", type=float, default=None, help="k, when the remote does not tell")
+
+
+def remote_source(args: argparse.Namespace):
+    """A source for whatever engine answers at args.url."""
+    import httpx
+
+    from engine.remote.foreign import LlamaServerPoller, VllmPoller, detect
+    from engine.sources import ForeignSource, RemoteSource
+
+    url = args.url if "://" in args.url else f"http://{args.url}"
+    token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
+    try:
+        kind = detect(url, token)
+    except httpx.HTTPError as e:
+        raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
+    if kind == "swarmtune":
+        from engine.remote.client import SwarmClient
+
+        client = SwarmClient(url, token)
+        try:
+            client.info()
+        except httpx.HTTPError as e:
+            raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
+        return RemoteSource(client)
+    if kind == "unknown":
+        raise UserError(f"{url} is not swarmtune serve, llama-server or vLLM (no /v1/info, /slots or vllm: metrics)")
+    w, k = args.weight_bytes, args.kv_bytes_per_token
+    if args.gguf:
+        from engine.model_facts import read_model_facts
+
+        facts = read_model_facts(args.gguf)
+        w = w or facts.weight_bytes
+        k = k or facts.kv_bytes_per_token("f16")
+    poller = (LlamaServerPoller if kind == "llama-server" else VllmPoller)(url, w, k)
+    return ForeignSource(poller)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="swarmtune", description="Tune an agent swarm that shares one GPU (or CPU).")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -67,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("record", help="run headless, one JSON line per step")
     add_engine_flags(rec)
     rec.add_argument("-o", "--output", required=True, help="recording file (JSON lines)")
+    add_attach_flags(rec, required=False)
     lim = rec.add_mutually_exclusive_group()
     lim.add_argument("--steps", type=_positive_int("--steps"), default=None)
     lim.add_argument("--duration", type=float, default=None, help="seconds")
@@ -79,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--png", dest="png_path", help="write a figure of speedup vs context")
     sw.add_argument("--check-copy", action="store_true",
                     help="also time separately prefilled agents at the largest point, against copied caches")
+    sv = sub.add_parser("serve", help="the engine headless behind an HTTP API")
+    add_engine_flags(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    sv.add_argument("--token", default=None, help="bearer token (or SWARMTUNE_TOKEN); required off loopback")
+    at = sub.add_parser("attach", help="the dashboard on a remote engine: swarmtune serve, llama-server or vLLM")
+    add_attach_flags(at, required=True)
     rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
     rp.add_argument("file")
     rp.add_argument("--speed", type=float, default=1.0, help="playback speed (2 = twice as fast)")
@@ -169,7 +224,57 @@ def _stop_on_signals() -> dict[str, bool]:
     return flag
 
 
+def cmd_record_attached(args: argparse.Namespace) -> int:
+    """Record a remote engine: its header (plus where it came from), then its steps as they arrive."""
+    from rich.console import Console
+
+    from engine.records import RecordWriter
+
+    out = Path(args.output)
+    if out.is_dir() or not out.parent.exists():
+        raise UserError(f"cannot write {out}: give a file in an existing folder")
+    source = remote_source(args)
+    console = Console(stderr=True)
+    writer = RecordWriter(out)
+    flag = _stop_on_signals()
+    t0 = time.perf_counter()
+    state = {"n": 0, "opened": False}
+
+    def done() -> bool:
+        if flag["stop"]:
+            return True
+        if args.steps is not None and state["n"] >= args.steps:
+            return True
+        return args.duration is not None and time.perf_counter() - t0 >= args.duration
+
+    def on_header(h: dict) -> None:
+        if not state["opened"]:
+            writer.open({**h, "attached": source.poller.url if hasattr(source, "poller") else source.client.url})
+            state["opened"] = True
+
+    def emit(recs) -> None:
+        for r in recs:
+            if done():
+                return
+            writer.write(r)
+            state["n"] += 1
+        if getattr(source, "status", ""):
+            console.print(source.status)
+
+    try:
+        source.run(emit=emit, cancelled=done, progress=lambda *a: None, on_header=on_header)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        writer.close()
+        source.close()
+    console.print(f"wrote {state['n']} steps to {out}")
+    return 0
+
+
 def cmd_record(args: argparse.Namespace) -> int:
+    if args.url:
+        return cmd_record_attached(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -297,6 +402,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_dashboard(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    import uvicorn
+
+    from engine.remote.runner import EngineRunner
+    from engine.remote.server import is_loopback, make_app
+
+    token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        raise UserError(f"binding {args.host} (not loopback) needs a token: --token T or SWARMTUNE_TOKEN")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535 (got {args.port})")
+    engine = make_engine(args)
+    runner = EngineRunner(engine)
+    app = make_app(runner, token)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            print(f"serving http://{host}:{port} (auth: {'bearer token' if token else 'none, loopback only'})",
+                  file=sys.stderr, flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it
+    # found installed: make that one a no-op, so a clean stop exits 0 rather than dying by the signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run()  # uvicorn stops cleanly on SIGINT and SIGTERM; the lifespan stops the engine
+    if not server.started:
+        runner.stop()
+        raise UserError(f"could not listen on {args.host}:{args.port}")
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    source = remote_source(args)
+    try:
+        from tui.app import run_attach
+    except ImportError as e:
+        raise UserError(f"the dashboard needs textual ({e})") from None
+    return run_attach(source)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.records import read_recording
 
@@ -312,7 +465,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run, "record": cmd_record, "replay": cmd_replay, "sweep": cmd_sweep, "profiles": cmd_profiles,
-    "power": cmd_power,
+    "power": cmd_power, "serve": cmd_serve, "attach": cmd_attach,
 }
 
 

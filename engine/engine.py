@@ -5,6 +5,7 @@ and take effect at the start of the next step."""
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -102,6 +103,7 @@ class Engine:
         self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents)
         self.started = False
         self.started_at = ""
+        self.run_id = ""
         self.meter = meter or NoMeter("n/a: no power source chosen")
         self.ledger = EnergyLedger()
         self._step_t0 = 0.0
@@ -121,6 +123,7 @@ class Engine:
             self._new_agent(i)
         self._t0 = time.perf_counter()
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.run_id = uuid.uuid4().hex[:12]
         self.started = True
 
     def _probe(self) -> None:
@@ -166,6 +169,7 @@ class Engine:
             "reference": self.reference.as_dict(),
             "power": {"source": self.meter.label, "detail": self.meter.reason},
             "started_at": self.started_at,
+            "run_id": self.run_id,  # step indexes restart with each run; a client resuming by index checks it
         }
 
     # controls: validated now, in the caller's thread; applied at the next step

@@ -32,8 +32,12 @@ class Fit:
     def step_seconds(self, batch: int, total_context: float) -> float:
         return self.fixed_seconds + self.per_token_seconds * batch + self.per_kv_token_seconds * total_context
 
-    def speedup(self, batch: int, context: float) -> float:
-        return batch * self.step_seconds(1, context) / self.step_seconds(batch, batch * context)
+    def speedup(self, batch: int, context: float) -> float | None:
+        """None where the fit predicts no time at all (a degenerate fit says nothing there)."""
+        one, many = self.step_seconds(1, context), self.step_seconds(batch, batch * context)
+        if one <= 0 or many <= 0:
+            return None
+        return batch * one / many
 
 
 class Calibration:
@@ -56,8 +60,16 @@ class Calibration:
         a = np.array(rows, dtype=float)
         y = a[:, 2]
         x = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]]) / y[:, None]
-        coef, *_ = np.linalg.lstsq(x, np.ones(len(a)), rcond=None)
-        coef = np.maximum(coef, 0.0)  # a negative cost is noise, not physics
+        # Least squares with every cost >= 0 (a negative cost is noise, not physics): drop the most
+        # negative term and solve again, until none is negative.
+        active = [0, 1, 2]
+        coef = np.zeros(3)
+        while active:
+            sol, *_ = np.linalg.lstsq(x[:, active], np.ones(len(a)), rcond=None)
+            if (sol >= 0).all():
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))
         pred = coef[0] + coef[1] * a[:, 0] + coef[2] * a[:, 1]
         if pred.min() <= 0:
             return self.fit

@@ -160,7 +160,8 @@ def write_png(result: SweepResult, path: Path) -> None:
         ax.plot(xs, [r.predicted_speedup for r in rows], "--", color=line.get_color(), alpha=0.6,
                 label=f"B={b} seed formula (modeled)")
         if rows[0].calibrated_speedup is not None:
-            ax.plot(xs, [r.calibrated_speedup for r in rows], ":", color=line.get_color(),
+            cal = [r.calibrated_speedup if r.calibrated_speedup is not None else float("nan") for r in rows]
+            ax.plot(xs, cal, ":", color=line.get_color(),
                     label=f"B={b} calibrated (modeled)")
     bmax = max(r.batch for r in result.rows)
     ax.axvline(crossover_context(bmax, result.weight_bytes, result.kv_bytes_per_token), color="grey", lw=0.8)

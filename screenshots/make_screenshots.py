@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from engine.cli import build_parser, make_engine
+from engine.sources import LiveSource
 from tui.app import SwarmApp
-from tui.sources import LiveSource
 
 HERE = Path(__file__).resolve().parent
 

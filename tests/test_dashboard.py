@@ -6,9 +6,9 @@ from engine.engine import Engine, EngineSettings
 from engine.power.meter import ModeledMeter
 from engine.profiles import profile
 from engine.sim_backend import SimBackend
+from engine.sources import LiveSource
 from tests.conftest import SIM
 from tui.app import SwarmApp
-from tui.sources import LiveSource
 
 
 def sim_app() -> SwarmApp:

@@ -3,9 +3,9 @@
 import pytest
 
 from engine.records import read_recording
+from engine.sources import ReplaySource
 from tests.conftest import SIM, run_cli
 from tui.app import SwarmApp
-from tui.sources import ReplaySource
 
 
 @pytest.fixture(scope="module")

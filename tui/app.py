@@ -12,8 +12,8 @@ from textual.widgets import Footer, Input, ProgressBar
 from engine.errors import UserError
 from engine.kv_types import KV_TYPES
 from engine.records import StepRecord
+from engine.sources import UI_INTERVAL_S, ForeignSource, LiveSource, RemoteSource, ReplaySource
 from tui.messages import EngineFailed, EngineProgress, StepsArrived
-from tui.sources import UI_INTERVAL_S, LiveSource, ReplaySource
 from tui.stats import Stats
 from tui.widgets.agents import AgentsTable
 from tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
@@ -40,18 +40,18 @@ class SwarmApp(App):
         Binding("a", "agents(1)", "add agent"),
         Binding("x", "agents(-1)", "remove agent"),
         Binding("space", "pause", "pause"),
-        Binding("full_stop", "step_once", "step", show=False),
-        Binding("left_square_bracket", "seek(-1)", "seek -", show=False),
-        Binding("right_square_bracket", "seek(1)", "seek +", show=False),
-        Binding("less_than_sign", "speed(0.5)", "slower", show=False),
-        Binding("greater_than_sign", "speed(2)", "faster", show=False),
+        Binding("full_stop", "step_once", "step", key_display="."),
+        Binding("left_square_bracket", "seek(-1)", "seek -", key_display="["),
+        Binding("right_square_bracket", "seek(1)", "seek +", key_display="]"),
+        Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
+        Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
         Binding("r", "reset", "reset stats"),
         Binding("colon", "command", "command", key_display=":"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, source: LiveSource | ReplaySource, animate: bool = True) -> None:
+    def __init__(self, source: LiveSource | ReplaySource | RemoteSource | ForeignSource, animate: bool = True) -> None:
         super().__init__()
         self.source = source
         self.stats = Stats()
@@ -59,6 +59,7 @@ class SwarmApp(App):
         self._dirty = False
         self._animate = animate  # snapshot tests freeze the source
         self.engine_stopped = threading.Event()  # set once the worker has left the source for good
+        self._panel_errors: set[type] = set()
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -119,7 +120,25 @@ class SwarmApp(App):
         """Cancel the worker and wait until it is out of llama_decode: freeing the context under a
         running decode crashes the process."""
         self.workers.cancel_all()
+        if isinstance(self.source, RemoteSource | ForeignSource):
+            self.source.close()  # unblocks a read waiting on the network
         return self.engine_stopped.wait(timeout_s)
+
+    CONTROL_ACTIONS = {"cycle_kv", "cap", "agents", "command"}
+    REPLAY_ACTIONS = {"step_once", "seek", "speed"}
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """The footer fits the source: a replay shows its own keys instead of the engine's controls; an
+        attached read-only engine shows the controls disabled (dimmed)."""
+        replay = isinstance(self.source, ReplaySource)
+        if action in self.REPLAY_ACTIONS:
+            return replay
+        if action in self.CONTROL_ACTIONS:
+            if replay:
+                return False
+            if self.source.read_only:
+                return None
+        return True
 
     def _set_header(self, header: dict) -> None:
         self.stats.header = header
@@ -163,12 +182,16 @@ class SwarmApp(App):
             n = len(self.source.rec.steps)
             extra = f"step {self.source.position}/{n} at {self.source.speed:g}x" + (
                 " (last line was cut)" if self.source.rec.skipped_partial else "")
+        elif getattr(self.source, "status", ""):
+            extra = self.source.status
         self.query_one(StatusLine).show(s, self.mode, self.source.paused, extra)
-        self.query_one(AgentsTable).show(s)
-        self.query_one(BatchPlot).show(s)
-        self.query_one(SpeedupPlot).show(s)
-        self.query_one(BytesPlot).show(s)
-        self.query_one(PowerPanel).show(s)
+        for panel in (AgentsTable, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
+            try:
+                self.query_one(panel).show(s)
+            except Exception as e:  # one panel that cannot draw must not take the dashboard down
+                if panel not in self._panel_errors:
+                    self._panel_errors.add(panel)
+                    self.notify(f"{panel.__name__}: {type(e).__name__}: {e}", severity="error", timeout=15)
 
     # controls: validated by the source; a refusal is a message, the engine unaffected
     def _control(self, **kw) -> None:
@@ -191,7 +214,10 @@ class SwarmApp(App):
         self._control(agents=self.source.state().agents + delta)
 
     def action_pause(self) -> None:
-        self.source.paused = not self.source.paused
+        try:
+            self.source.paused = not self.source.paused
+        except UserError as e:
+            self.notify(str(e), severity="error")
         self._dirty = True
 
     def _replay(self) -> ReplaySource | None:
@@ -263,7 +289,7 @@ class SwarmApp(App):
         self.workers.cancel_all()
 
 
-def run_app(source: LiveSource | ReplaySource) -> int:
+def run_app(source: LiveSource | ReplaySource | RemoteSource | ForeignSource) -> int:
     app = SwarmApp(source)
     try:
         app.run()
@@ -278,6 +304,10 @@ def run_dashboard(args) -> int:
     from engine.cli import make_engine
 
     return run_app(LiveSource(make_engine(args)))
+
+
+def run_attach(source: RemoteSource | ForeignSource) -> int:
+    return run_app(source)
 
 
 def run_replay(path: str, speed: float = 1.0) -> int:

@@ -25,6 +25,15 @@ class BatchPlot(PlotextPlot):
         self.refresh()
 
 
+NO_BYTES = "n/a: W and k unknown (--gguf, or --weight-bytes and --kv-bytes-per-token)"
+
+
+def bytes_known(h: dict, kv: str) -> tuple[float, float] | None:
+    w = h.get("weight_bytes") or 0
+    k = (h.get("kv_bytes_per_token") or {}).get(kv) or 0
+    return (w, k) if w and k else None
+
+
 class SpeedupPlot(PlotextPlot):
     def show(self, stats: Stats) -> None:
         plt = self.plt
@@ -35,8 +44,12 @@ class SpeedupPlot(PlotextPlot):
         if r is None or not h:
             self.refresh()
             return
-        w = h["weight_bytes"]
-        k = h["kv_bytes_per_token"][r.kv_type]
+        known = bytes_known(h, r.kv_type)
+        if known is None:
+            plt.title("speedup " + NO_BYTES)
+            self.refresh()
+            return
+        w, k = known
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
         b = max(r.batch_cap, 1)
@@ -44,8 +57,10 @@ class SpeedupPlot(PlotextPlot):
                  marker="braille", color="blue")
         if r.fit:
             fit = Fit(r.fit[0], r.fit[1], r.fit[2], r.fit[3], 0)
-            plt.plot(xs, [fit.speedup(b, x) for x in xs], marker="braille", color="green",
-                     label=f"calibrated (modeled, {r.fit[3]:.0%} err)")
+            pts = [(x, y) for x in xs if (y := fit.speedup(b, x)) is not None]
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="green",
+                         label=f"calibrated (modeled, {r.fit[3]:.0%} err)")
         pts = [p for p in stats.measured_points if p[2] == b]
         src = h.get("source", "")
         if pts:
@@ -69,7 +84,12 @@ class BytesPlot(PlotextPlot):
         if r is None or not h or r.batch == 0:
             self.refresh()
             return
-        k = h["kv_bytes_per_token"][r.kv_type]
+        known = bytes_known(h, r.kv_type)
+        if known is None:
+            plt.title(NO_BYTES)
+            self.refresh()
+            return
+        k = known[1]
         per_token_w = r.weight_bytes / r.batch
         per_token_kv = r.mean_context * k
         plt.bar(["weights/B shared", "KV L·k private"], [per_token_w / 1e6, per_token_kv / 1e6], orientation="h",

@@ -1,0 +1,1 @@
+"""Remote engines: serve this engine over HTTP, and read engines elsewhere (swarmtune, llama-server, vLLM)."""

@@ -1,0 +1,133 @@
+"""The engine in a thread of its own, its records kept and fanned out to any number of readers.
+
+A reader gets a bounded queue; when a slow reader's queue is full the oldest record is dropped, so a
+stuck client can never stall the engine (the client sees the gap in step indexes)."""
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.engine import Engine
+from engine.records import StepRecord
+
+WINDOW_S = 5.0
+
+
+@dataclass(eq=False)
+class Subscriber:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    dropped: int = 0
+
+    def push(self, item: tuple[int, str]) -> None:
+        """Called from the engine thread: never blocks."""
+        self.loop.call_soon_threadsafe(self._put, item)
+
+    def _put(self, item: tuple[int, str]) -> None:
+        if self.queue.full():
+            self.queue.get_nowait()
+            self.dropped += 1
+        self.queue.put_nowait(item)
+
+
+@dataclass
+class Rolling:
+    """Decode tokens per second over the last few seconds of engine time."""
+    window: deque = field(default_factory=deque)
+    tokens_total: int = 0
+    steps_total: int = 0
+
+    def add(self, r: StepRecord) -> None:
+        self.steps_total += 1
+        tokens = r.tokens if r.kind == "decode" else 0
+        self.tokens_total += tokens
+        self.window.append((r.t, tokens))
+        while self.window and r.t - self.window[0][0] > WINDOW_S:
+            self.window.popleft()
+
+    @property
+    def tokens_per_second(self) -> float:
+        if len(self.window) < 2:
+            return 0.0
+        span = self.window[-1][0] - self.window[0][0]
+        return sum(t for _, t in list(self.window)[1:]) / span if span > 0 else 0.0
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True) -> None:
+        self.engine = engine
+        self.paused = False
+        self.history: deque[tuple[int, str]] = deque(maxlen=history)
+        self.latest: StepRecord | None = None
+        self.latest_decode: StepRecord | None = None
+        self.header: dict = {}
+        self.rolling = Rolling()
+        self.queue_size = queue_size
+        self.pace_sim = pace_sim
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self._subs: set[Subscriber] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.engine.start()
+            self.header = self.engine.header()
+            self.ready.set()
+            simulated = self.engine.backend.source == "simulated"
+            sim_t0: float | None = None
+            wall_t0 = time.perf_counter()
+            while not self._stop.is_set():
+                if self.paused:
+                    time.sleep(0.02)
+                    sim_t0 = None
+                    continue
+                r = self.engine.step()
+                line = r.to_json()
+                with self._lock:
+                    self.history.append((r.step, line))
+                    self.latest = r
+                    if r.kind == "decode":
+                        self.latest_decode = r
+                    self.rolling.add(r)
+                    subs = list(self._subs)
+                for s in subs:
+                    s.push((r.step, line))
+                if simulated and self.pace_sim:  # simulated time at wall-clock pace
+                    if sim_t0 is None:
+                        sim_t0, wall_t0 = r.t, time.perf_counter()
+                    ahead = (r.t - sim_t0) - (time.perf_counter() - wall_t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except Exception as e:  # reported through /v1/state, never a dead thread in silence
+            self.error = f"{type(e).__name__}: {e}"
+            self.ready.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop stepping and wait for the step in flight: the engine is freed only after."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.engine.close()
+
+    def subscribe(self, loop: asyncio.AbstractEventLoop) -> Subscriber:
+        s = Subscriber(loop, asyncio.Queue(self.queue_size))
+        with self._lock:
+            self._subs.add(s)
+        return s
+
+    def unsubscribe(self, s: Subscriber) -> None:
+        with self._lock:
+            self._subs.discard(s)
+
+    def since(self, step: int) -> list[tuple[int, str]]:
+        with self._lock:
+            return [x for x in self.history if x[0] >= step]

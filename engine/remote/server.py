@@ -1,0 +1,164 @@
+"""`swarmtune serve`: the engine headless behind an HTTP API (FastAPI on uvicorn).
+
+GET /v1/info, GET /v1/state, GET /v1/steps (Server-Sent Events, resumable with Last-Event-ID),
+POST /v1/control, GET /metrics (Prometheus), and the OpenAPI schema. With a token, every endpoint but
+/metrics needs `Authorization: Bearer <token>`."""
+
+import asyncio
+import hmac
+import ipaddress
+import json
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
+
+from engine.errors import UserError
+from engine.kv_types import KV_TYPES
+from engine.remote.metrics import make_registry
+from engine.remote.runner import EngineRunner
+
+OPEN_PATHS = ("/metrics",)
+
+
+class ControlBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # 0 is not false, "3" is not 3
+    batch_cap: int | None = Field(default=None, ge=1, le=256, description="at most the number of agents")
+    kv_type: str | None = Field(default=None, json_schema_extra={"enum": list(KV_TYPES)})
+    agents: int | None = Field(default=None, ge=1, le=256)
+    paused: bool | None = None
+
+
+class Settings(BaseModel):
+    batch_cap: int
+    kv_type: str
+    agents: int
+    paused: bool
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BearerAuth:
+    """Pure ASGI, so it guards the streaming endpoint and the OpenAPI routes alike."""
+
+    def __init__(self, app, token: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope, receive, send):
+        if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        got = dict(scope.get("headers") or []).get(b"authorization", b"")
+        if hmac.compare_digest(got, self.expected):
+            return await self.app(scope, receive, send)
+        resp = JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
+        await resp(scope, receive, send)
+
+
+def _invalid(field: str, msg: str) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": ["body", field], "msg": msg, "type": "value_error"}]}, status_code=422)
+
+
+def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not runner._thread.is_alive() and not runner.ready.is_set():
+            runner.start()
+        yield
+        await asyncio.to_thread(runner.stop)
+
+    app = FastAPI(title="swarmtune", version="0.1.0", lifespan=lifespan,
+                  responses={401: {"description": "missing or wrong bearer token (when the server has one)"}},
+                  description="A swarm of agents decoding through one engine: steps, settings, metrics.")
+    registry = make_registry(runner)
+
+    @app.get("/v1/info", summary="the record header: model, W, k per cache type, settings")
+    async def info() -> dict:
+        await asyncio.to_thread(runner.ready.wait, 120)
+        if runner.error and not runner.header:
+            return JSONResponse({"detail": runner.error}, status_code=503)
+        return runner.header
+
+    @app.get("/v1/state", summary="the latest step record and the settings in force")
+    async def state() -> dict:
+        r = runner.latest
+        st = runner.engine.state()
+        return {
+            "step": json.loads(r.to_json()) if r else None,
+            "settings": Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents,
+                                 paused=runner.paused).model_dump(),
+            "tokens_per_second": runner.rolling.tokens_per_second,
+            "error": runner.error,
+        }
+
+    @app.get("/v1/steps", summary="Server-Sent Events, one per step record; resumable with Last-Event-ID",
+             response_class=Response, responses={200: {"content": {"text/event-stream": {}}}})
+    async def steps(
+        request: Request,
+        last_event_id: str | None = Header(default=None, pattern=r"^[0-9]{1,12}$", description="resume after it"),
+        from_step: int | None = Query(default=None, alias="from", ge=0, description="first step to send"),
+        limit: int | None = Query(default=None, ge=1, le=100_000, description="close after this many events"),
+    ):
+        start = from_step
+        if start is None and last_event_id:
+            start = int(last_event_id) + 1
+        sub = runner.subscribe(asyncio.get_running_loop())
+        backlog = runner.since(start) if start is not None else []
+
+        async def events():
+            last, sent = (start - 1 if start is not None else -1), 0
+            try:
+                for step, line in backlog:
+                    yield {"id": str(step), "event": "step", "data": line}
+                    last, sent = step, sent + 1
+                    if limit and sent >= limit:
+                        return
+                while True:
+                    step, line = await sub.queue.get()
+                    if step <= last:
+                        continue
+                    yield {"id": str(step), "event": "step", "data": line}
+                    last, sent = step, sent + 1
+                    if limit and sent >= limit:
+                        return
+            finally:
+                runner.unsubscribe(sub)
+
+        return EventSourceResponse(events(), ping=10, send_timeout=30)
+
+    @app.post("/v1/control", response_model=Settings, summary="change batch cap, KV type, agents or pause",
+              responses={400: {"description": "the body is not JSON"}})
+    async def control(body: ControlBody):
+        if body.kv_type is not None and body.kv_type not in KV_TYPES:
+            return _invalid("kv_type", f"unknown KV type; choose one of {', '.join(KV_TYPES)}")
+        st = runner.engine.state()
+        agents = body.agents if body.agents is not None else st.agents
+        if body.batch_cap is not None and body.batch_cap > agents:
+            return _invalid("batch_cap", f"must be between 1 and the number of agents ({agents})")
+        try:
+            if body.batch_cap is not None or body.kv_type is not None or body.agents is not None:
+                st = runner.engine.request(batch_cap=body.batch_cap, kv=body.kv_type, agents=body.agents)
+        except UserError as e:
+            return _invalid("body", str(e))
+        if body.paused is not None:
+            runner.paused = body.paused
+        return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, paused=runner.paused)
+
+    @app.get("/metrics", summary="Prometheus exposition", response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BearerAuth, token=token)
+    return app
