@@ -55,6 +55,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tool-tokens", type=_positive_int("--tool-tokens"), default=192, help="M: tool result tokens")
     g.add_argument("--kv-budget-mb", type=float, default=None, help="KV memory for the whole swarm (preempts beyond)")
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
+    g.add_argument("--extra-bufts", action="store_true",
+                   help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
     g.add_argument("--no-probe", action="store_true", help="skip the startup batch-1 timing (no measured speedup)")
     g.add_argument("--power", default="auto", help="power source: auto, or one 'swarmtune power' lists")
 
@@ -160,7 +162,7 @@ def make_backend(args: argparse.Namespace):
         from engine.llama_backend import LlamaBackend
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
-    return LlamaBackend(facts, n_threads=args.threads)
+    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None)
 
 
 def engine_settings(args: argparse.Namespace, backend):

@@ -33,6 +33,15 @@ async def test_controls_on_the_sim_backend():
         assert app.mode == "SIMULATED"
         await pilot.press("k")
         assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
+        await pilot.press("K")  # the KV selector
+        from textual.widgets import OptionList
+        n = app.stats.steps
+        await pilot.pause(0.5)  # the panels keep repainting behind the picker
+        assert app.stats.steps > n and not app._panel_errors
+        ol = app.screen.query_one(OptionList)
+        ol.highlighted = [o.id for o in ol.options].index("q4_0")
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q4_0")
         await pilot.press("minus")
         assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 7)
         await pilot.press("plus")

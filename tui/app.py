@@ -7,12 +7,14 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, ProgressBar
 
 from engine.errors import UserError
 from engine.kv_types import KV_TYPES
 from engine.records import StepRecord
 from engine.sources import UI_INTERVAL_S, ForeignSource, LiveSource, RemoteSource, ReplaySource
+from tui.kv_picker import KVPicker
 from tui.messages import EngineFailed, EngineProgress, StepsArrived
 from tui.stats import Stats
 from tui.widgets.agents import AgentsTable
@@ -22,8 +24,8 @@ from tui.widgets.status import StatusLine
 
 KV_CYCLE = ("f16", "q8_0", "q4_0")
 LIVE_HELP = (
-    "k cycle KV (f16 -> q8_0 -> q4_0) | : type a command (kv TYPE, cap N, agents N) | +/- batch cap | "
-    "a/x add/remove agent | space pause | r reset statistics | q quit"
+    "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE, cap N, agents N) | "
+    "+/- batch cap | a/x add/remove agent | space pause | r reset statistics | q quit"
 )
 REPLAY_HELP = (
     "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
@@ -35,6 +37,7 @@ class SwarmApp(App):
     TITLE = "swarmtune"
     BINDINGS = [
         Binding("k", "cycle_kv", "KV type"),
+        Binding("K", "pick_kv", "pick KV", show=False),
         Binding("plus,equals_sign", "cap(1)", "cap +", key_display="+"),
         Binding("minus", "cap(-1)", "cap -", key_display="-"),
         Binding("a", "agents(1)", "add agent"),
@@ -87,7 +90,7 @@ class SwarmApp(App):
     def on_mount(self) -> None:
         self.query_one("#command").display = False
         self.query_one(AgentsTable).focus()  # not the hidden command box, which would swallow the keys
-        self.query_one(StatusLine).update("starting...")
+        self._main(StatusLine).update("starting...")
         if self._animate:
             self.run_source()
         else:
@@ -124,7 +127,7 @@ class SwarmApp(App):
             self.source.close()  # unblocks a read waiting on the network
         return self.engine_stopped.wait(timeout_s)
 
-    CONTROL_ACTIONS = {"cycle_kv", "cap", "agents", "command"}
+    CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command"}
     REPLAY_ACTIONS = {"step_once", "seek", "speed"}
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -164,16 +167,29 @@ class SwarmApp(App):
         self._dirty = True
 
     def on_engine_progress(self, message: EngineProgress) -> None:
-        bar = self.query_one("#rebuild", ProgressBar)
+        if not self.screen_stack:
+            return
+        try:
+            bar = self._main(ProgressBar)
+        except NoMatches:
+            return
         bar.set_class(message.done < message.total, "active")
         bar.update(total=message.total, progress=message.done)
-        self.query_one(StatusLine).update(f"{message.what}: {message.done}/{message.total}")
+        self._main(StatusLine).update(f"{message.what}: {message.done}/{message.total}")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.notify(message.error, severity="error", timeout=30)
 
+    def _main(self, widget_type):
+        """A panel of the main screen, whichever screen (the KV picker) is on top."""
+        return self.screen_stack[0].query_one(widget_type)
+
     def refresh_panels(self) -> None:
-        if not self._dirty:
+        if not self._dirty or not self.screen_stack:
+            return
+        try:
+            self._main(StatusLine)
+        except NoMatches:  # the app is shutting down
             return
         self._dirty = False
         s = self.stats
@@ -184,10 +200,10 @@ class SwarmApp(App):
                 " (last line was cut)" if self.source.rec.skipped_partial else "")
         elif getattr(self.source, "status", ""):
             extra = self.source.status
-        self.query_one(StatusLine).show(s, self.mode, self.source.paused, extra)
+        self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
         for panel in (AgentsTable, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
             try:
-                self.query_one(panel).show(s)
+                self._main(panel).show(s)
             except Exception as e:  # one panel that cannot draw must not take the dashboard down
                 if panel not in self._panel_errors:
                     self._panel_errors.add(panel)
@@ -206,6 +222,13 @@ class SwarmApp(App):
         cur = self.source.state().kv
         nxt = KV_CYCLE[(KV_CYCLE.index(cur) + 1) % len(KV_CYCLE)] if cur in KV_CYCLE else KV_CYCLE[0]
         self._control(kv=nxt)
+
+    def action_pick_kv(self) -> None:
+        def picked(kv: str | None) -> None:
+            if kv is not None and kv != self.source.state().kv:
+                self._control(kv=kv)
+
+        self.push_screen(KVPicker(self.source.state().kv, self.stats.header.get("kv_bytes_per_token", {})), picked)
 
     def action_cap(self, delta: int) -> None:
         self._control(batch_cap=self.source.state().batch_cap + delta)

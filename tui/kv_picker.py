@@ -1,0 +1,40 @@
+"""A small modal list of the KV cache types; picking one switches the engine to it."""
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from engine.kv_types import KV_TYPES
+
+
+class KVPicker(ModalScreen[str | None]):
+    DEFAULT_CSS = """
+    KVPicker { align: center middle; }
+    KVPicker > OptionList { width: 44; height: auto; max-height: 14; border: round $accent; }
+    """
+    BINDINGS = [Binding("escape", "dismiss(None)", "close")]
+
+    def __init__(self, current: str, bytes_per_token: dict[str, float]) -> None:
+        super().__init__()
+        self.current = current
+        self.bytes_per_token = bytes_per_token
+
+    def compose(self) -> ComposeResult:
+        opts = []
+        for name in KV_TYPES:
+            k = self.bytes_per_token.get(name)
+            label = f"{name:7} {k / 1e3:9,.1f} KB/token" if k else name
+            opts.append(Option(label + ("  (now)" if name == self.current else ""), id=name))
+        ol = OptionList(*opts)
+        ol.border_title = "KV cache type"
+        yield ol
+
+    def on_mount(self) -> None:
+        ol = self.query_one(OptionList)
+        ol.highlighted = list(KV_TYPES).index(self.current) if self.current in KV_TYPES else 0
+        ol.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
