@@ -1,12 +1,14 @@
 """The dashboard: one screen of panels fed by a source (a live engine, a recording, a remote engine).
 The source runs in a worker thread; the UI repaints at most ~10 times a second."""
 
+import sys
 import threading
+import time
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, ProgressBar
 
@@ -23,6 +25,9 @@ from tui.widgets.power import PowerPanel
 from tui.widgets.status import StatusLine
 
 KV_CYCLE = ("f16", "q8_0", "q4_0")
+# How often each panel repaints at most: numbers often, plots (the costly renders) about once a second.
+PANEL_INTERVAL_S = {StatusLine: 0.25, AgentsTable: 0.5, PowerPanel: 0.5, BatchPlot: 1.0, BytesPlot: 1.0,
+                    SpeedupPlot: 2.0}
 LIVE_HELP = (
     "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE, cap N, agents N) | "
     "+/- batch cap | a/x add/remove agent | space pause | r reset statistics | q quit"
@@ -63,6 +68,8 @@ class SwarmApp(App):
         self._animate = animate  # snapshot tests freeze the source
         self.engine_stopped = threading.Event()  # set once the worker has left the source for good
         self._panel_errors: set[type] = set()
+        self._painted: dict[type, float] = {}
+        self._force_status = True  # a pause, a seek or a status change shows at once
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -77,7 +84,8 @@ class SwarmApp(App):
         yield StatusLine(id="status")
         yield ProgressBar(id="rebuild", show_eta=False)
         with Horizontal(id="top"):
-            yield AgentsTable(id="agents")
+            with VerticalScroll(id="agents-box"):
+                yield AgentsTable(id="agents")
             with Vertical(id="right"):
                 yield BatchPlot(id="batch")
                 yield PowerPanel(id="power")
@@ -88,8 +96,11 @@ class SwarmApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The engine thread gives up the GIL at every llama.cpp call and must win it back from the UI;
+        # a shorter switch interval (default 5 ms) gets it back sooner.
+        sys.setswitchinterval(0.0002)
         self.query_one("#command").display = False
-        self.query_one(AgentsTable).focus()  # not the hidden command box, which would swallow the keys
+        self.query_one("#agents-box").focus()  # not the hidden command box, which would swallow the keys
         self._main(StatusLine).update("starting...")
         if self._animate:
             self.run_source()
@@ -152,6 +163,7 @@ class SwarmApp(App):
         for r in before:
             self.stats.add(r)
         self._dirty = True
+        self._painted.clear()  # after a seek every panel repaints at once
 
     def feed(self, header: dict, records: list[StepRecord]) -> None:
         """Show records directly (snapshot tests, frozen replays)."""
@@ -159,6 +171,7 @@ class SwarmApp(App):
         for r in records:
             self.stats.add(r)
         self._dirty = True
+        self._painted.clear()
         self.refresh_panels()
 
     def on_steps_arrived(self, message: StepsArrived) -> None:
@@ -200,8 +213,19 @@ class SwarmApp(App):
                 " (last line was cut)" if self.source.rec.skipped_partial else "")
         elif getattr(self.source, "status", ""):
             extra = self.source.status
-        self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
+        now = time.monotonic()
+        if now - self._painted.get(StatusLine, 0.0) >= PANEL_INTERVAL_S[StatusLine] or self._force_status:
+            self._painted[StatusLine] = now
+            self._force_status = False
+            self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
         for panel in (AgentsTable, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
+            # Plots cost the most to render; on a small CPU that time is taken from the engine's thread
+            # (each ctypes call must win the GIL back), so they repaint less often than the numbers.
+            every = PANEL_INTERVAL_S.get(panel, UI_INTERVAL_S)
+            if now - self._painted.get(panel, 0.0) < every:
+                self._dirty = True  # come back for it
+                continue
+            self._painted[panel] = now
             try:
                 self._main(panel).show(s)
             except Exception as e:  # one panel that cannot draw must not take the dashboard down
@@ -241,7 +265,7 @@ class SwarmApp(App):
             self.source.paused = not self.source.paused
         except UserError as e:
             self.notify(str(e), severity="error")
-        self._dirty = True
+        self._dirty = self._force_status = True
 
     def _replay(self) -> ReplaySource | None:
         if isinstance(self.source, ReplaySource):
@@ -302,7 +326,7 @@ class SwarmApp(App):
         box = self.query_one("#command", Input)
         box.display = False
         box.value = ""
-        self.query_one(AgentsTable).focus()
+        self.query_one("#agents-box").focus()
 
     def key_escape(self) -> None:
         if self.query_one("#command", Input).display:

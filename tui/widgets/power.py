@@ -13,7 +13,7 @@ class PowerPanel(Static):
         t.append("power  ", style="bold")
         if r is None or r.watts is None:
             t.append(f"n/a  {detail}")
-            self.update(t)
+            self.update(t, layout=False)
             return
         t.append(f"{r.watts:,.1f} W ({r.power_source})")
         jpt = stats.joules_per_token
@@ -24,4 +24,4 @@ class PowerPanel(Static):
             t.append(" | one more agent: ")
             t.append(f"{r.modeled_joules_per_token:.3f} -> {r.next_agent_joules_per_token:.3f} J/token (modeled), ")
             t.append("still lowers J/token" if lowers else "no longer pays", style="green" if lowers else "red")
-        self.update(t)
+        self.update(t, layout=False)  # its height is fixed in app.tcss: no need to reflow the screen

@@ -31,4 +31,4 @@ class StatusLine(Static):
             t.append(f" | {extra}", style="italic")
         model = h.get("model", {}).get("name", "?")
         t.append(f" | {model} | {h.get('backend', '?')} on {h.get('device', '?')}")
-        self.update(t)
+        self.update(t, layout=False)  # one line, always: no need to reflow the screen
