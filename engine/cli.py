@@ -404,6 +404,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_dashboard(args)
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """Fail before the model loads, in one line, if the address is taken or not ours."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import threading
 
@@ -417,6 +434,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"binding {args.host} (not loopback) needs a token: --token T or SWARMTUNE_TOKEN")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535 (got {args.port})")
+    _check_can_listen(args.host, args.port)
     engine = make_engine(args)
     runner = EngineRunner(engine)
     app = make_app(runner, token)

@@ -7,13 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 import engine as engine_pkg
 from engine.backend import Backend, NoKVSlot
 from engine.errors import UserError
-from engine.kv_types import KV_TYPES, kv_type
+from engine.kv_types import kv_type
 from engine.power.ledger import EnergyLedger
 from engine.power.meter import NoMeter
 from engine.probe import fill, time_decode
@@ -71,7 +71,6 @@ class EngineState:
     batch_cap: int
     kv: str
     agents: int
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 class Engine:
@@ -429,6 +428,3 @@ class Engine:
         self.meter.close()
         self.backend.close()
 
-
-def kv_types_available() -> list[str]:
-    return list(KV_TYPES)

@@ -2,7 +2,7 @@
 
 B long contexts are built fast: one sequence is prefilled, then its cache is copied to the others.
 With one KV stream per sequence this times the same as B separately prefilled agents
-(tests/test_probe.py and `swarmtune sweep --check-copy` show it).
+(tests/test_engine_real.py and `swarmtune sweep --check-copy` show it).
 """
 
 import statistics

@@ -71,7 +71,7 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
 
 
 class RecordWriter:
-    """Writes a header, then steps; each line is flushed and fsync'd is not (a kill loses at most a line)."""
+    """Writes a header, then steps, each line flushed as written: a killed writer loses at most its last line."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -188,6 +188,12 @@ def test_record_attach(sim_server, tmp_path):
     assert json.loads(lines[0])["attached"] == sim_server.url and len(lines) == 31
 
 
+def test_serve_on_a_taken_port_is_one_line(sim_server):
+    port = sim_server.url.rsplit(":", 1)[1]
+    out = run_cli("serve", "--sim", SIM, "--port", port)
+    assert out.returncode == 2 and "cannot listen" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_attach_to_nothing_is_one_line(tmp_path):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -7,11 +7,18 @@ from tui.stats import Stats
 from tui.widgets.status import human_bytes
 
 
-class BatchPlot(PlotextPlot):
-    def show(self, stats: Stats) -> None:
+class _Plot(PlotextPlot):
+    def _fresh(self):
+        """The plotext module, cleared for a new frame."""
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
+        return plt
+
+
+class BatchPlot(_Plot):
+    def show(self, stats: Stats) -> None:
+        plt = self._fresh()
         h = list(stats.batch_history)
         if h:
             xs = [x[0] for x in h]
@@ -34,11 +41,9 @@ def bytes_known(h: dict, kv: str) -> tuple[float, float] | None:
     return (w, k) if w and k else None
 
 
-class SpeedupPlot(PlotextPlot):
+class SpeedupPlot(_Plot):
     def show(self, stats: Stats) -> None:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
+        plt = self._fresh()
         r = stats.latest_decode
         h = stats.header
         if r is None or not h:
@@ -74,11 +79,9 @@ class SpeedupPlot(PlotextPlot):
         self.refresh()
 
 
-class BytesPlot(PlotextPlot):
+class BytesPlot(_Plot):
     def show(self, stats: Stats) -> None:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
+        plt = self._fresh()
         r = stats.latest_decode
         h = stats.header
         if r is None or not h or r.batch == 0:
