@@ -310,7 +310,15 @@ class Engine:
     def _rebuild(self, kv: str) -> StepRecord:
         old = self.s.kv
         t0 = time.perf_counter()
-        self.backend.open(kv, self.slots, self.s.ctx_per_agent)
+        refused = ""
+        try:
+            self.backend.open(kv, self.slots, self.s.ctx_per_agent)
+        except UserError as e:  # this build cannot make that cache: keep running on the old one
+            refused = f"{kv} refused ({e}); "
+            kv = old
+            self.backend.open(kv, self.slots, self.s.ctx_per_agent)
+            with self._lock:
+                self._pending_state = EngineState(self._pending_state.batch_cap, kv, self._pending_state.agents)
         self.s.kv = kv
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
         live = [a for a in self.agents if a.state is not AgentState.PREEMPTED]
@@ -349,7 +357,7 @@ class Engine:
         if self.s.probe:
             self._probe()
         return self._record("rebuild", [], wall, done, preempted,
-                            note=f"kv {old} -> {kv}: re-prefilled {done} tokens in {wall:.2f} s")
+                            note=f"{refused}kv {old} -> {kv}: re-prefilled {done} tokens in {wall:.2f} s")
 
     # the record
     def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],

@@ -107,6 +107,26 @@ def test_kv_switch_rebuilds_and_reprefills(sim_engine):
     assert r.kv_type == "q8_0"
 
 
+def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatch):
+    for _ in range(50):
+        sim_engine.step()
+    real_open = sim_engine.backend.open
+
+    def picky_open(kv, n, ctx):
+        if kv == "q4_0":
+            raise UserError("llama.cpp could not create a context with KV type q4_0 on this build")
+        real_open(kv, n, ctx)
+
+    monkeypatch.setattr(sim_engine.backend, "open", picky_open)
+    sim_engine.request(kv="q4_0")
+    r = sim_engine.step()
+    assert r.kind == "rebuild" and r.kv_type == "f16" and "q4_0 refused" in r.note
+    assert sim_engine.state().kv == "f16"
+    for _ in range(20):
+        r = sim_engine.step()
+    assert r.kv_type == "f16" and r.kind in ("decode", "prefill")
+
+
 def test_controls_validate_and_leave_the_engine_alone(sim_engine):
     sim_engine.step()
     with pytest.raises(UserError):
