@@ -352,18 +352,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if limit and max(contexts) + args.steps + 8 > limit and not args.sim:
         backend.close()
         raise UserError(f"context {max(contexts)} exceeds the model's trained context ({limit})")
-    power_fn = None
-    prof = getattr(backend, "profile", None)
-    if prof is not None:
-        def power_fn(batch: int, seconds: float):
-            return prof.power_floor_watts + prof.power_per_agent_watts * batch, "modeled"
+    from engine.power.meter import make_meter
+
+    try:
+        meter = make_meter(args.power, getattr(backend, "profile", None))
+    except UserError:
+        backend.close()
+        raise
     try:
         with console.status("sweeping...") as status:
             def progress(done: int, total: int) -> None:
                 status.update(f"sweeping: point {done}/{total}")
             result = run_sweep(backend, args.kv, batches, contexts, steps=args.steps, check_copy=args.check_copy,
-                               power=power_fn, progress=progress)
+                               meter=meter, progress=progress)
     finally:
+        meter.close()
         backend.close()
     out = Console()
     bmax = max(batches)
@@ -377,6 +380,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if result.fit_rms_relative_error is not None:
         out.print(f"calibrated fit: rms relative error of step time {result.fit_rms_relative_error:.1%}")
     erows = energy_rows(result)
+    if not erows:
+        out.print(f"energy: {meter.reason}")
     if erows:
         et = Table(title="energy ledger")
         for col in ("batch", "context", "tok/s", "watts", "J/token", "tokens/J", "power"):

@@ -6,6 +6,7 @@ With one KV stream per sequence this times the same as B separately prefilled ag
 """
 
 import statistics
+import time
 from dataclasses import dataclass
 
 from engine.backend import Backend
@@ -17,6 +18,8 @@ class DecodeTiming:
     context: int  # tokens in each sequence's cache when the timed steps begin
     seconds_per_step: float  # median over the timed steps
     steps: int
+    started_s: float = 0.0  # perf_counter at the first timed step (a power sensor is read over this span)
+    ended_s: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,10 +61,14 @@ def time_decode(backend: Backend, batch: int, context: int, steps: int = 8, warm
         backend.seed_sampler(s, 1234 + s)
     tokens = filler_tokens(backend, 1) * batch
     times = []
+    started = 0.0
     for i in range(warmup + steps):
+        if i == warmup:
+            started = time.perf_counter()
         tokens, sec = backend.decode(seqs, tokens, [context + i] * batch)
         if i >= warmup:
             times.append(sec)
+    ended = time.perf_counter()
     for s in seqs:
         backend.truncate(s, context)
-    return DecodeTiming(batch, context, statistics.median(times), steps)
+    return DecodeTiming(batch, context, statistics.median(times), steps, started, ended)

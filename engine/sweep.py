@@ -65,7 +65,7 @@ def pace(batch: int, context: int, weight_bytes: float, k: float, measured: floa
 
 
 def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int], steps: int = 8,
-              check_copy: bool = False, power: Callable[[int, float], tuple[float, str] | None] | None = None,
+              check_copy: bool = False, meter=None,
               progress: Callable[[int, int], None] | None = None) -> SweepResult:
     batches = sorted(set(batches) | {1})
     facts = backend.facts
@@ -100,11 +100,12 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
                 speedup=t.tokens_per_second / base, predicted_speedup=predicted_speedup(b, c, w, k),
                 calibrated_speedup=fit.speedup(b, c) if fit else None, source=backend.source,
             )
-            if power is not None:
-                reading = power(b, t.seconds_per_step)
-                if reading is not None:
-                    row.watts, row.power_source = reading
-                    row.joules_per_token = row.watts / t.tokens_per_second
+            if meter is not None:
+                # a sensor over the timed steps' wall span (measured), or the profile's model (modeled)
+                p = meter.step(t.started_s, t.ended_s, b, t.seconds_per_step)
+                if p is not None and p.watts > 0:
+                    row.watts, row.power_source = p.watts, p.source
+                    row.joules_per_token = p.watts / t.tokens_per_second
                     row.tokens_per_joule = 1 / row.joules_per_token
             rows.append(row)
     copy_check = None

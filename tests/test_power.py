@@ -245,7 +245,7 @@ SEED_ENERGY = {1: (3.54, 0.28), 2: (2.03, 0.49), 4: (1.29, 0.78), 8: (0.95, 1.06
 def test_energy_ledger_reproduces_the_seed():
     p = profile(SIM)
     meter = ModeledMeter(p.power_floor_watts, p.power_per_agent_watts)
-    r = run_sweep(SimBackend(p), "f16", [1, 2, 4, 8], [2400], power=lambda b, s: (meter.watts_at(b), "modeled"))
+    r = run_sweep(SimBackend(p), "f16", [1, 2, 4, 8], [2400], meter=meter)
     for row in r.rows:
         jpt, tpj = SEED_ENERGY[row.batch]
         assert row.joules_per_token == pytest.approx(jpt, abs=0.03)
@@ -280,3 +280,36 @@ def test_sim_records_carry_modeled_power(sim_engine):
         r = sim_engine.step()
     assert r.power_source == "modeled" and r.watts == 130 + 10 * max(r.batch, 1)
     assert r.joules == pytest.approx(r.watts * r.seconds)
+
+
+@pytest.mark.model
+def test_real_sweep_measures_power_from_a_sensor(tmp_path, llama_backend):
+    """A 50 W CPU: the counter file advances 50 J a second (written as RAPL writes it, microjoules)."""
+    import os
+    import threading
+    import time
+
+    z = rapl_tree(tmp_path, energy_uj=0, max_uj=2**40)
+    stop = threading.Event()
+
+    def burn():
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            # replace, not rewrite: a sysfs read never sees a half-written value, and neither should this
+            (z / "energy_uj.tmp").write_text(f"{int((time.perf_counter() - t0) * 50e6)}\n")
+            os.replace(z / "energy_uj.tmp", z / "energy_uj")
+            time.sleep(0.005)
+
+    th = threading.Thread(target=burn, daemon=True)
+    th.start()
+    meter = make_meter("rapl", None, root=str(tmp_path), interval_s=0.02)
+    try:
+        time.sleep(0.1)
+        r = run_sweep(llama_backend, "f16", [1, 2], [64], steps=12, meter=meter)
+    finally:
+        meter.close()
+        stop.set()
+    for row in r.rows:
+        assert row.power_source == "measured:rapl" and row.source == "measured"
+        assert row.watts == pytest.approx(50, rel=0.25)
+        assert row.joules_per_token == pytest.approx(row.watts / row.tokens_per_second)
