@@ -96,3 +96,18 @@ async def test_dashboard_on_the_default_model(llama_backend):
         assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 2, timeout=30)
         assert any(a.tail.strip() for a in app.stats.latest.agents)
         assert app.stop_engine()
+
+
+async def test_a_kv_switch_shows_its_rebuild_progress():
+    from tui.messages import EngineProgress
+
+    app = sim_app()
+    seen: list = []
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
+        await pilot.press("k")
+        assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
+        rebuild = [m for m in seen if isinstance(m, EngineProgress) and m.what == "rebuild"]
+        assert rebuild and rebuild[-1].done == rebuild[-1].total > 0
+        assert "f16 -> q8_0" in app.stats.rebuild_note
+        assert app.stop_engine()

@@ -20,8 +20,8 @@ class EngineProgress(Message):
     done: int
     total: int
 
-    def can_replace(self, message: Message) -> bool:  # only the newest progress matters
-        return isinstance(message, EngineProgress)
+    def can_replace(self, message: Message) -> bool:  # only the newest progress of the same kind matters
+        return isinstance(message, EngineProgress) and message.what == self.what
 
 
 @dataclass
