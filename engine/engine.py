@@ -256,9 +256,7 @@ class Engine:
 
     def _preempt(self, a: Agent) -> None:
         self.backend.drop(a.seq)
-        a.pending = a.history + a.pending + ([a.next_token] if a.next_token is not None else [])
-        a.history = []
-        a.next_token = None
+        a.requeue()
         a.state = AgentState.PREEMPTED
 
     def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
@@ -323,14 +321,12 @@ class Engine:
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
         live = [a for a in self.agents if a.state is not AgentState.PREEMPTED]
         for a in self.agents:
-            self.workload.backend.seed_sampler(a.seq, hash((self.s.seed, a.id, a.tasks, a.turns)) & 0x7FFFFFFF)
-        for a in self.agents:
+            self.workload.seed_sampler(a)
             if a.state is AgentState.PREEMPTED:
                 continue
             if not a.history and not a.pending:
-                self.workload.start_task(a)
-            a.pending = a.history + a.pending + ([a.next_token] if a.next_token is not None else [])
-            a.history, a.next_token = [], None
+                self.workload.start_task(a)  # an agent added beyond the old streams starts here
+            a.requeue()
         total = sum(len(a.pending) for a in live)
         seconds, done = 0.0, 0
         budget = self.scheduler.kv_budget_tokens
@@ -364,16 +360,11 @@ class Engine:
                 note: str = "") -> StepRecord:
         k = self.facts.kv_bytes_per_token(self.s.kv)
         b = len(batch)
-        if kind == "decode":
-            contexts = [a.context for a in batch]  # after the step: the cache the step read, new token included
-            kv_bytes = sum(contexts) * k
-            weight_bytes = self.facts.step_weight_bytes(b)
-        elif kind == "prefill":
-            contexts = [a.context for a in batch]
-            kv_bytes = sum(contexts) * k
-            weight_bytes = self.facts.step_weight_bytes(tokens)
-        else:
-            contexts, kv_bytes, weight_bytes = [], 0.0, 0
+        # after the step: the cache the step read, its own tokens included; an untied embedding is read
+        # once per token the step carries (one per agent in a decode, the chunk in a prefill)
+        contexts = [a.context for a in batch]
+        kv_bytes = sum(contexts) * k
+        weight_bytes = self.facts.step_weight_bytes(tokens) if batch else 0
         mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
         if self.backend.source == "simulated":
             self.clock_s += seconds
@@ -408,8 +399,8 @@ class Engine:
                 rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
             fit = self.calibration.fit
             if fit is not None and power is not None:
-                watts_at = self.meter.watts_at(1) is not None and self.meter.watts_at or None
-                m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), watts_at)
+                # a modeled meter knows watts per batch; for a sensor the ledger fits them from this run
+                m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), self.meter.watts_at)
                 if m is not None:
                     rec.next_agent_joules_per_token = m.joules_per_token_next
                     rec.modeled_joules_per_token = m.joules_per_token_now

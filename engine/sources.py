@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from engine.engine import Engine, EngineState
 from engine.errors import UserError
+from engine.pacing import Pacer
 from engine.records import Recording, StepRecord
 
 Emit = Callable[[list[StepRecord]], None]
@@ -43,22 +44,18 @@ class LiveSource:
         on_header(eng.header())
         buf: list[StepRecord] = []
         last = time.perf_counter()
-        simulated = eng.backend.source == "simulated"
-        sim_t0: float | None = None
-        wall_t0 = last
+        # simulated time plays at wall-clock pace, or it outruns any screen
+        pacer = Pacer() if eng.backend.source == "simulated" else None
         while not cancelled():
             if self.paused:
                 time.sleep(0.05)
-                sim_t0 = None
+                if pacer:
+                    pacer.reset()
                 continue
             rec = eng.step()
             buf.append(rec)
-            if simulated:  # play simulated time at wall-clock pace, or it outruns any screen
-                if sim_t0 is None:
-                    sim_t0, wall_t0 = rec.t, time.perf_counter()
-                ahead = (rec.t - sim_t0) - (time.perf_counter() - wall_t0)
-                if ahead > 0:
-                    time.sleep(ahead)
+            if pacer:
+                pacer.wait(rec.t)
             now = time.perf_counter()
             if now - last >= UI_INTERVAL_S:
                 emit(buf)
@@ -76,12 +73,20 @@ class ReplaySource:
 
     def __init__(self, recording: Recording, speed: float = 1.0) -> None:
         self.rec = recording
-        self.speed = speed
+        self.pacer = Pacer(speed, max_sleep_s=0.5)  # short sleeps: a pause or seek answers promptly
         self.paused = False
         self.position = 0  # index of the next record to play
         self._lock = threading.Lock()
         self._jump: int | None = None
         self._single = 0
+
+    @property
+    def speed(self) -> float:
+        return self.pacer.speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        self.pacer.speed = value
 
     def header(self) -> dict:
         return self.rec.header
@@ -107,8 +112,6 @@ class ReplaySource:
         steps = self.rec.steps
         buf: list[StepRecord] = []
         last_emit = time.perf_counter()
-        rec_t0: float | None = None
-        wall_t0 = last_emit
         while not cancelled():
             with self._lock:
                 jump, self._jump = self._jump, None
@@ -119,24 +122,20 @@ class ReplaySource:
                 self.position = jump
                 if on_seek is not None:
                     on_seek(steps[:jump])
-                rec_t0 = None
+                self.pacer.reset()
                 buf = []
             if self.position >= len(steps) or (self.paused and not single):
                 if buf:
                     emit(buf)
                     buf = []
                 time.sleep(0.03)
-                rec_t0 = None
+                self.pacer.reset()
                 continue
             r = steps[self.position]
             self.position += 1
             buf.append(r)
             if not single:
-                if rec_t0 is None:
-                    rec_t0, wall_t0 = r.t, time.perf_counter()
-                ahead = (r.t - rec_t0) / self.speed - (time.perf_counter() - wall_t0)
-                if ahead > 0:
-                    time.sleep(min(ahead, 0.5))
+                self.pacer.wait(r.t)
             now = time.perf_counter()
             if single or now - last_emit >= UI_INTERVAL_S:
                 emit(buf)

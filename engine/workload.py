@@ -57,6 +57,12 @@ class Agent:
     def context(self) -> int:
         return len(self.history)
 
+    def requeue(self) -> None:
+        """Its cache is gone: everything it held (and its sampled next token) must be prefilled again."""
+        self.pending = self.history + self.pending + ([self.next_token] if self.next_token is not None else [])
+        self.history = []
+        self.next_token = None
+
 
 def _stdlib_sources() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -95,6 +101,10 @@ class Workload:
         agent.next_token = None
         agent.turn_generated = 0
         agent.turn_text = ""
+        self.seed_sampler(agent)
+
+    def seed_sampler(self, agent: Agent) -> None:
+        """Each agent samples from its own stream, fixed by the seed, the agent and its task."""
         self.backend.seed_sampler(agent.seq, hash((self.seed, agent.id, agent.tasks)) & 0x7FFFFFFF)
 
     def tool_result(self, agent: Agent) -> str:

@@ -18,6 +18,15 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+async def wait_for(pilot, cond, timeout: float = 10.0) -> bool:
+    """Let the app run until cond() holds (or the timeout passes); the caller asserts the result."""
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return True
+        await pilot.pause(0.05)
+    return cond()
+
+
 @pytest.fixture
 def sim_engine():
     p = profile(SIM)

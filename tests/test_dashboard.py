@@ -7,7 +7,7 @@ from engine.power.meter import ModeledMeter
 from engine.profiles import profile
 from engine.sim_backend import SimBackend
 from engine.sources import LiveSource
-from tests.conftest import SIM
+from tests.conftest import SIM, wait_for
 from tui.app import SwarmApp
 
 
@@ -16,14 +16,6 @@ def sim_app() -> SwarmApp:
     e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=16384, kv_budget_bytes=p.kv_budget_bytes),
                meter=ModeledMeter(p.power_floor_watts, p.power_per_agent_watts))
     return SwarmApp(LiveSource(e))
-
-
-async def wait_for(pilot, cond, timeout=10.0):
-    for _ in range(int(timeout / 0.1)):
-        if cond():
-            return True
-        await pilot.pause(0.1)
-    return cond()
 
 
 async def test_controls_on_the_sim_backend():

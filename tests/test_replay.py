@@ -5,7 +5,7 @@ import pytest
 from engine.errors import UserError
 from engine.records import read_recording
 from engine.sources import ReplaySource
-from tests.conftest import SIM, run_cli
+from tests.conftest import SIM, run_cli, wait_for
 from tui.app import SwarmApp
 
 
@@ -15,14 +15,6 @@ def recording(tmp_path_factory):
     out = run_cli("record", "--sim", SIM, "--steps", "600", "--seed", "1", "-o", str(path))
     assert out.returncode == 0, out.stderr
     return path
-
-
-async def wait_for(pilot, cond, timeout=10.0):
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return True
-        await pilot.pause(0.05)
-    return cond()
 
 
 async def test_replay_controls(recording):

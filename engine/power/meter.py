@@ -26,8 +26,7 @@ class SampledMeter:
             return None  # the first samples have no delta yet
         return StepPower(j / (t1 - t0), j, self.label)
 
-    def watts_at(self, batch: int) -> float | None:
-        return None
+    watts_at = None  # a sensor measures watts; it has no model of them
 
     def close(self) -> None:
         self.sampler.stop()
@@ -63,8 +62,7 @@ class NoMeter:
     def step(self, t0: float, t1: float, batch: int, seconds: float) -> None:
         return None
 
-    def watts_at(self, batch: int) -> None:
-        return None
+    watts_at = None
 
     def close(self) -> None:
         pass

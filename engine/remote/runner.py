@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.engine import Engine
+from engine.pacing import Pacer
 from engine.records import StepRecord
 
 WINDOW_S = 5.0
@@ -81,13 +82,13 @@ class EngineRunner:
             self.engine.start()
             self.header = self.engine.header()
             self.ready.set()
-            simulated = self.engine.backend.source == "simulated"
-            sim_t0: float | None = None
-            wall_t0 = time.perf_counter()
+            # simulated time at wall-clock pace (unless a benchmark wants the engine's full rate)
+            pacer = Pacer() if self.engine.backend.source == "simulated" and self.pace_sim else None
             while not self._stop.is_set():
                 if self.paused:
                     time.sleep(0.02)
-                    sim_t0 = None
+                    if pacer:
+                        pacer.reset()
                     continue
                 r = self.engine.step()
                 line = r.to_json()
@@ -100,12 +101,8 @@ class EngineRunner:
                     subs = list(self._subs)
                 for s in subs:
                     s.push((r.step, line))
-                if simulated and self.pace_sim:  # simulated time at wall-clock pace
-                    if sim_t0 is None:
-                        sim_t0, wall_t0 = r.t, time.perf_counter()
-                    ahead = (r.t - sim_t0) - (time.perf_counter() - wall_t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                if pacer:
+                    pacer.wait(r.t)
         except Exception as e:  # reported through /v1/state, never a dead thread in silence
             self.error = f"{type(e).__name__}: {e}"
             self.ready.set()
