@@ -1,6 +1,9 @@
-"""Power sensors against fake sysfs trees (real file names and formats) and a stand-in NVML module
-with the real function names; the sampler's cadence with an injected clock; the energy ledger."""
+"""Power sensors against fake sysfs trees (real file names and formats), stand-in NVML and pyamdgpuinfo
+modules with the real function names, and the real pyamdgpuinfo package on a machine without an AMD
+GPU; the sampler's cadence with an injected clock; the energy ledger."""
 
+import importlib.util
+import os
 import sys
 import types
 
@@ -10,7 +13,16 @@ from engine.errors import UserError
 from engine.power.ledger import EnergyLedger
 from engine.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
 from engine.power.sampler import PowerSampler
-from engine.power.sensors import AmdGpuSensor, AmdHwmonSensor, NvmlSensor, RaplSensor, SensorError, survey
+from engine.power.sensors import (
+    AmdGpuSensor,
+    AmdHwmonSensor,
+    NvmlSensor,
+    PyAmdGpuInfoSensor,
+    RaplSensor,
+    SensorError,
+    open_sensor,
+    survey,
+)
 from engine.profiles import profile
 from engine.sim_backend import SimBackend
 from engine.sweep import run_sweep
@@ -72,7 +84,7 @@ def test_hwmon_of_another_driver_is_not_amdgpu(tmp_path):
         AmdHwmonSensor(str(tmp_path))
 
 
-def fake_pyamdgpuinfo(monkeypatch, readings):
+def fake_pyamdgpuinfo(monkeypatch, readings, detect=lambda: 1):
     """The real module's names: detect_gpus(), get_gpu(i).query_power(); readings may hold exceptions."""
     mod = types.ModuleType("pyamdgpuinfo")
 
@@ -83,7 +95,7 @@ def fake_pyamdgpuinfo(monkeypatch, readings):
                 raise v
             return v
 
-    mod.detect_gpus = lambda: 1
+    mod.detect_gpus = detect
     mod.get_gpu = lambda i: GPU()
     monkeypatch.setitem(sys.modules, "pyamdgpuinfo", mod)
 
@@ -101,6 +113,58 @@ def test_pyamdgpuinfo_failing_from_the_start(tmp_path, monkeypatch):
     fake_pyamdgpuinfo(monkeypatch, [RuntimeError("no sensor")])
     s = AmdGpuSensor(str(tmp_path))
     assert s.name == "amdgpu-hwmon" and s.read() == pytest.approx(80.0)
+
+
+def no_dri():
+    raise FileNotFoundError(2, "No such file or directory", "/dev/dri/")  # what 2.1.8 raises with no driver
+
+
+def test_pyamdgpuinfo_raising_anything_reads_na(tmp_path, monkeypatch):
+    fake_pyamdgpuinfo(monkeypatch, [1.0], detect=no_dri)
+    with pytest.raises(SensorError, match="detect_gpus.*FileNotFoundError.*/dev/dri/"):
+        PyAmdGpuInfoSensor()
+    fake_pyamdgpuinfo(monkeypatch, [1.0], detect=lambda: 0)
+    with pytest.raises(SensorError, match="no AMD GPU"):
+        PyAmdGpuInfoSensor()
+    hwmon_tree(tmp_path, "power1_average", 80_000_000)  # the driver's own files still serve
+    fake_pyamdgpuinfo(monkeypatch, [1.0], detect=no_dri)
+    s = AmdGpuSensor(str(tmp_path))
+    assert s.name == "amdgpu-hwmon" and s.read() == pytest.approx(80.0)
+
+
+def test_a_sensor_library_that_fails_to_load_reads_na(tmp_path, monkeypatch):
+    (tmp_path / "pyamdgpuinfo.py").write_text("raise OSError('libdrm_amdgpu.so.1: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pyamdgpuinfo", raising=False)
+    with pytest.raises(SensorError, match="does not load.*libdrm"):
+        open_sensor("amdgpu", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "pyamdgpuinfo", None)  # how Python marks a module absent
+    with pytest.raises(SensorError, match="not installed"):
+        PyAmdGpuInfoSensor()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyamdgpuinfo") is None, reason="pyamdgpuinfo not installed")
+@pytest.mark.skipif(os.path.exists("/dev/dri"), reason="this machine has a GPU driver")
+def test_real_pyamdgpuinfo_without_an_amd_gpu(tmp_path):
+    """The real 2.1.8 wheel on a machine with no /dev/dri: n/a with the reason, never a crash."""
+    import pyamdgpuinfo
+
+    with pytest.raises(FileNotFoundError):  # what the package does; if this changes, so may the reason
+        pyamdgpuinfo.detect_gpus()
+    with pytest.raises(SensorError, match="detect_gpus.*/dev/dri"):
+        PyAmdGpuInfoSensor()
+    got = {a.name: a for a in survey(str(tmp_path))}
+    assert not got["amdgpu"].available and "FileNotFoundError" in got["amdgpu"].reason
+    m = make_meter("auto", None, root=str(tmp_path))
+    assert isinstance(m, NoMeter) and m.reason.startswith("n/a: ") and "amdgpu: pyamdgpuinfo" in m.reason
+    with pytest.raises(UserError, match="amdgpu is not available: pyamdgpuinfo"):
+        make_meter("amdgpu", None, root=str(tmp_path))
+    out = run_cli("power", "--sysfs-root", str(tmp_path))
+    assert out.returncode == 0 and "internal error" not in out.stderr, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("amdgpu"))
+    assert line.split()[1] == "n/a" and "/dev/dri" in line
+    hwmon_tree(tmp_path, "power1_input", 42_000_000)  # with the driver's files, they are read instead
+    assert AmdGpuSensor(str(tmp_path)).read() == pytest.approx(42.0)
 
 
 def fake_nvml(monkeypatch, energy_mj=None, power_mw=200_000):
@@ -133,6 +197,22 @@ def test_nvml_falls_back_to_power(monkeypatch):
     fake_nvml(monkeypatch, energy_mj=None, power_mw=123_000)
     s = NvmlSensor()
     assert s.kind == "power" and s.read() == pytest.approx(123.0)
+
+
+def test_nvml_without_a_driver_reads_na(monkeypatch, tmp_path):
+    fake_nvml(monkeypatch)
+
+    class NVMLError_LibraryNotFound(Exception):  # noqa: N801 (pynvml's own name)
+        def __str__(self):
+            return "NVML Shared Library Not Found"
+
+    def init():
+        raise NVMLError_LibraryNotFound()
+
+    sys.modules["pynvml"].nvmlInit = init
+    with pytest.raises(SensorError, match="NVML.*Shared Library Not Found"):
+        NvmlSensor()
+    assert not {a.name: a for a in survey(str(tmp_path))}["nvml"].available
 
 
 class Clock:
@@ -214,6 +294,27 @@ def test_failing_sensor_reads_na_not_zero():
     s.sample()
     assert s.error == "sensor went away" and s.energy_between(0, 1) is None
     assert SampledMeter(s).step(0, 1, 1, 1) is None
+
+
+def test_a_library_error_mid_run_does_not_end_the_sampler():
+    class Flaky:
+        name, kind = "flaky", "power"
+
+        def __init__(self):
+            self.n = 0
+
+        def read(self):
+            self.n += 1
+            if self.n == 2:
+                raise OSError("device went away")
+            return 100.0
+
+    c = Clock()
+    s = PowerSampler(Flaky(), interval_s=0.1, clock=c, sleep=c.sleep)
+    s.run(n=2)
+    assert "device went away" in s.error
+    s.run(n=1)
+    assert s.error is None and len(s.times) == 2
 
 
 def test_meter_choice(tmp_path):
@@ -313,3 +414,16 @@ def test_real_sweep_measures_power_from_a_sensor(tmp_path, llama_backend):
         assert row.power_source == "measured:rapl" and row.source == "measured"
         assert row.watts == pytest.approx(50, rel=0.25)
         assert row.joules_per_token == pytest.approx(row.watts / row.tokens_per_second)
+
+
+@pytest.mark.model
+def test_record_on_the_real_engine_with_every_sensor_absent(tmp_path, monkeypatch):
+    """The default --power auto on the real model, with the real pyamdgpuinfo and no GPU: the run goes on,
+    its power n/a with the reasons."""
+    import json
+
+    monkeypatch.setenv("SWARMTUNE_SYSFS_ROOT", str(tmp_path))  # no RAPL, no hwmon either
+    out = run_cli("record", "-o", str(tmp_path / "r.jsonl"), "--steps", "3", "--agents", "2")
+    assert out.returncode == 0, out.stderr
+    header = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert header["power"]["source"] is None and header["power"]["detail"].startswith("n/a: ")

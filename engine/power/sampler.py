@@ -41,6 +41,9 @@ class PowerSampler:
         except SensorError as e:
             self.error = str(e)
             return
+        except Exception as e:  # a library's own error must not end the sampling thread in silence
+            self.error = f"{self.sensor.name} read failed: {type(e).__name__}: {e}"
+            return
         self.error = None
         with self._lock:
             if self.sensor.kind == "energy":

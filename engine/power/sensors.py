@@ -1,18 +1,55 @@
 """Power sensors. Each reads either watts now (`kind == "power"`) or a cumulative energy counter in
 joules (`kind == "energy"`). A sensor that is missing says why; one that fails raises SensorError,
-which the sampler turns into "n/a" with the reason, never a zero."""
+which the sampler turns into "n/a" with the reason, never a zero.
+
+The vendor libraries fail in ways of their own (pyamdgpuinfo 2.1.8 raises FileNotFoundError for
+/dev/dri/ on a machine without an AMD driver; pynvml raises NVMLError_LibraryNotFound): every call
+into one goes through `_library_call`, so whatever it raises becomes a SensorError with the reason."""
 
 import glob
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 DEFAULT_SYSFS = "/sys"
 
 
 class SensorError(Exception):
     pass
+
+
+T = TypeVar("T")
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _library_call(what: str, fn: Callable[[], T]) -> T:
+    """fn(), with anything a sensor library raises turned into a SensorError naming the call."""
+    try:
+        return fn()
+    except SensorError:
+        raise
+    except Exception as e:
+        raise SensorError(f"{what} failed: {_reason(e)}") from None
+
+
+def _import(module: str, package: str):
+    """A sensor library, or a SensorError: not installed, or installed but failing to load (a missing .so)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if getattr(e, "name", None) == module:
+            raise SensorError(f"{package} is not installed") from None
+        raise SensorError(f"{package} does not load: {_reason(e)}") from None
+    except Exception as e:
+        raise SensorError(f"{package} does not load: {_reason(e)}") from None
 
 
 class Sensor(Protocol):
@@ -107,20 +144,16 @@ class PyAmdGpuInfoSensor:
     kind = "power"
 
     def __init__(self) -> None:
-        try:
-            import pyamdgpuinfo
-        except ImportError:
-            raise SensorError("pyamdgpuinfo is not installed") from None
-        if pyamdgpuinfo.detect_gpus() < 1:
+        lib = _import("pyamdgpuinfo", "pyamdgpuinfo")
+        # with no AMD driver, detect_gpus() raises FileNotFoundError for /dev/dri/ rather than returning 0
+        if _library_call("pyamdgpuinfo detect_gpus()", lib.detect_gpus) < 1:
             raise SensorError("pyamdgpuinfo found no AMD GPU")
-        self.gpu = pyamdgpuinfo.get_gpu(0)
+        self.gpu = _library_call("pyamdgpuinfo get_gpu(0)", lambda: lib.get_gpu(0))
         self.read()
 
     def read(self) -> float:
-        try:
-            return float(self.gpu.query_power())
-        except Exception as e:  # the average-power sensor fails on some kernels (>= 6.6)
-            raise SensorError(f"pyamdgpuinfo query_power failed: {e}") from None
+        # the average-power sensor fails on some kernels (>= 6.6)
+        return float(_library_call("pyamdgpuinfo query_power()", self.gpu.query_power))
 
 
 class NvmlSensor:
@@ -129,20 +162,16 @@ class NvmlSensor:
     name = "nvml"
 
     def __init__(self) -> None:
-        try:
-            import pynvml
-        except ImportError:
-            raise SensorError("nvidia-ml-py (pynvml) is not installed") from None
+        pynvml = _import("pynvml", "nvidia-ml-py (pynvml)")
         self.nvml = pynvml
-        try:
+
+        def first_gpu():
             pynvml.nvmlInit()
             if pynvml.nvmlDeviceGetCount() < 1:
                 raise SensorError("NVML found no GPU")
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except SensorError:
-            raise
-        except Exception as e:
-            raise SensorError(f"NVML unavailable: {e}") from None
+            return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+        self.handle = _library_call("NVML", first_gpu)
         try:
             pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
             self.kind = "energy"
@@ -151,12 +180,9 @@ class NvmlSensor:
         self.read()
 
     def read(self) -> float:
-        try:
-            if self.kind == "energy":
-                return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3
-            return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3
-        except Exception as e:
-            raise SensorError(f"NVML read failed: {e}") from None
+        if self.kind == "energy":
+            return _library_call("NVML read", lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1e3
+        return _library_call("NVML read", lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle)) / 1e3
 
 
 class AmdGpuSensor:
@@ -197,13 +223,13 @@ SENSORS = ("nvml", "amdgpu", "rapl")
 
 
 def open_sensor(name: str, root: str | None = None) -> Sensor:
-    if name == "nvml":
-        return NvmlSensor()
-    if name == "amdgpu":
-        return AmdGpuSensor(root)
-    if name == "rapl":
-        return RaplSensor(root)
-    raise SensorError(f"unknown power source {name!r}")
+    """The named sensor, read once; SensorError with the reason for any failure, whatever raised it."""
+    opener: dict[str, Callable[[], Sensor]] = {
+        "nvml": NvmlSensor, "amdgpu": lambda: AmdGpuSensor(root), "rapl": lambda: RaplSensor(root),
+    }
+    if name not in opener:
+        raise SensorError(f"unknown power source {name!r}")
+    return _library_call(name, opener[name])
 
 
 def survey(root: str | None = None) -> list[Availability]:
