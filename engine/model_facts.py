@@ -1,11 +1,13 @@
 """What a decode step reads, from the GGUF file itself (the `gguf` package, no llama.cpp needed)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from engine.bytes_model import ByteModel
 from engine.errors import UserError
+from engine.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
 from engine.kv_types import KV_TYPES, kv_type
 
 GGUF_MAGIC = b"GGUF"
@@ -24,20 +26,31 @@ class ModelFacts:
     n_ctx_train: int
     file_bytes: int
     tensor_bytes: int
-    weight_bytes: int  # read in full by every decode step, whatever the batch
+    weight_bytes: int  # what a batch-1 step reads of the weights, the embedding row aside (MoE: k experts a layer)
     embd_row_bytes: int  # one row of an untied token_embd, read once per token in the batch; 0 when tied
     tied_output: bool
-    kv_values_per_token: float  # K and V elements one token adds, over all layers
+    kv_values_per_token: float  # K and V elements one token adds, over all layers with a KV cache
+    # what a step reads, layer by layer (windows, experts, recurrent state); None: a dense one from the fields above
+    bytes_model: ByteModel | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.bytes_model is None:
+            dense = ByteModel.dense(self.weight_bytes, self.kv_values_per_token, self.embd_row_bytes,
+                                    source="dense: one weight stream, one KV cost per token")
+            object.__setattr__(self, "bytes_model", dense)
 
     def kv_bytes_per_token(self, kv: str) -> float:
-        """K and V of one token over all layers, block scales included."""
+        """K and V of one token over all layers with a KV cache, block scales included.
+        On windowed layers a token stops costing reads once it leaves the window: see bytes_model.kv_read_bytes."""
         return kv_type(kv).bytes_for(self.kv_values_per_token)
 
     def kv_bytes_per_token_all(self) -> dict[str, float]:
         return {name: self.kv_bytes_per_token(name) for name in KV_TYPES}
 
     def step_weight_bytes(self, batch: int) -> int:
-        return self.weight_bytes + batch * self.embd_row_bytes
+        """W(B) of a step carrying `batch` tokens (MoE: uniform routing, modeled)."""
+        assert self.bytes_model is not None  # set in __post_init__
+        return int(round(self.bytes_model.weight_bytes(batch)))
 
 
 def _field(reader, key: str, default=None):
@@ -72,23 +85,24 @@ def read_model_facts(path: str | Path) -> ModelFacts:
     n_head_raw = _field(reader, f"{arch}.attention.head_count", 0)
     n_head = int(np.max(n_head_raw)) if isinstance(n_head_raw, list) else int(n_head_raw)
     n_embd = int(_field(reader, f"{arch}.embedding_length", 0))
-    if n_layer <= 0 or n_head <= 0 or n_embd <= 0:
+    # a pure recurrent model (Mamba, RWKV) has no attention heads at all
+    if n_layer <= 0 or n_embd <= 0 or (n_head <= 0 and arch not in PURE_RECURRENT):
         raise UserError(f"GGUF file {p} lacks the attention shape (block_count, head_count, embedding_length)")
-    kv_raw = _field(reader, f"{arch}.attention.head_count_kv", n_head)
+    head_per_layer = [int(x) for x in n_head_raw] if isinstance(n_head_raw, list) else [n_head] * n_layer
+    kv_raw = _field(reader, f"{arch}.attention.head_count_kv", n_head_raw)
     # Some architectures give one KV head count per layer (0 for layers without attention).
     per_layer = tuple(int(x) for x in kv_raw) if isinstance(kv_raw, list) else (int(kv_raw),) * n_layer
-    head_dim_k = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
-    head_dim_v = int(_field(reader, f"{arch}.attention.value_length", n_embd // n_head))
+    head_dim_k = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head if n_head else 0))
+    head_dim_v = int(_field(reader, f"{arch}.attention.value_length", n_embd // n_head if n_head else 0))
     n_ctx_train = int(_field(reader, f"{arch}.context_length", 0))
     tied = "output.weight" not in tensors
-    embd = tensors.get("token_embd.weight")
-    embd_bytes = int(embd.n_bytes) if embd is not None else 0
-    embd_rows = int(embd.shape[-1]) if embd is not None and len(embd.shape) else 1
     tensor_bytes = sum(int(t.n_bytes) for t in reader.tensors)
-    if tied:
-        weight_bytes, row_bytes = tensor_bytes, 0
-    else:
-        weight_bytes, row_bytes = tensor_bytes - embd_bytes, embd_bytes // max(embd_rows, 1)
+    try:
+        bm = bytes_model_from_gguf(reader, str(arch), n_layer, n_embd, head_per_layer, list(per_layer),
+                                   source=f"GGUF {p.name}: tensor sizes and {arch} layer layout (llama.cpp's rules)")
+    except ValueError as e:  # e.g. experts without an expert_used_count: llama.cpp refuses such a file too
+        raise UserError(f"GGUF file {p}: {e}") from None
+    row_bytes = int(round(bm.embd_row_bytes))
     return ModelFacts(
         path=str(p.resolve()),
         name=str(_field(reader, "general.name", p.stem)),
@@ -101,8 +115,9 @@ def read_model_facts(path: str | Path) -> ModelFacts:
         n_ctx_train=n_ctx_train,
         file_bytes=file_bytes,
         tensor_bytes=tensor_bytes,
-        weight_bytes=weight_bytes,
+        weight_bytes=int(round(bm.weight_bytes(1))) - row_bytes,
         embd_row_bytes=row_bytes,
         tied_output=tied,
-        kv_values_per_token=float(sum(h * (head_dim_k + head_dim_v) for h in per_layer)),
+        kv_values_per_token=float(sum(bm.kv_values_per_layer)),
+        bytes_model=bm,
     )

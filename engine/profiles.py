@@ -1,11 +1,13 @@
 """Named hardware profiles for the sim backend: what-if on hardware you do not have.
 
 Each profile says where its numbers come from. A profile's step time is the roofline model
-t = (W + sum(L) k) / bandwidth + B * compute_seconds_per_token, its power floor + per-agent watts.
+t = (W(B) + sum over the batch of (s + K(L))) / bandwidth + B * compute_seconds_per_token (engine/bytes_model.py;
+W(B) = W and K(L) = L k for a dense model), its power floor + per-agent watts.
 """
 
 from dataclasses import dataclass
 
+from engine.bytes_model import ByteModel
 from engine.errors import UserError
 
 
@@ -25,6 +27,15 @@ class Profile:
     power_floor_watts: float
     power_per_agent_watts: float
     source: str  # where the numbers come from
+    # what a step reads, layer by layer; None: dense, from weight_bytes and kv_bytes_per_token_f16
+    layers: ByteModel | None = None
+
+    @property
+    def bytes_model(self) -> ByteModel:
+        if self.layers is not None:
+            return self.layers
+        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token_f16 / 2,
+                               source=f"profile {self.name}: {self.source}")
 
 
 def _anchor_bandwidth(weight_bytes: float, k: float, context: int, tokens_per_s: float) -> float:
@@ -33,6 +44,35 @@ def _anchor_bandwidth(weight_bytes: float, k: float, context: int, tokens_per_s:
 
 
 _QWEN_W, _QWEN_K = 5.5e9, 147e3
+_SEED_BANDWIDTH = (_QWEN_W + 2400 * _QWEN_K) * 39.6  # the RX 9070 XT's effective bytes/s in the seed's measurement
+
+
+def gpt_oss_20b() -> ByteModel:
+    """gpt-oss-20b from its published config (openai/gpt-oss-20b config.json): 24 layers, hidden 2880, 32 experts
+    of which 4 per token with an expert FFN of 2880, 64 query heads and 8 KV heads of 64, attention biases and
+    sinks, a 128-token window on the even layers (llama.cpp: gpt-oss pattern 2), vocabulary 201,088, untied head.
+    Precision as published: experts MXFP4 (4.25 bits a weight with their block scales), everything else bf16."""
+    n_layer, d, n_expert, n_used, ff = 24, 2880, 32, 4, 2880
+    q, kv_heads, hd, vocab = 64, 8, 64, 201_088
+    bf16, mxfp4 = 2.0, 4.25 / 8
+    attention = (d * q * hd + q * hd) + 2 * (d * kv_heads * hd + kv_heads * hd) + (q * hd * d + d) + q + 2 * d
+    router = d * n_expert + n_expert
+    expert = 3 * d * ff * mxfp4 + (2 * ff + d) * bf16  # gate+up and down matrices, their biases
+    dense = n_layer * (attention + router) * bf16 + vocab * d * bf16 + d * bf16  # layers, output head, final norm
+    return ByteModel(
+        dense_weight_bytes=dense,
+        embd_row_bytes=d * bf16,
+        expert_bytes_per_layer=(expert,) * n_layer,
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        kv_values_per_layer=(2.0 * kv_heads * hd,) * n_layer,
+        window_per_layer=tuple(128 if i % 2 == 0 else 0 for i in range(n_layer)),
+        source="gpt-oss-20b's published config and checkpoint precision (estimated; routing modeled)",
+    )
+
+
+_GPT_OSS = gpt_oss_20b()
+_GPT_OSS_FILE = _GPT_OSS.all_weight_bytes + 201_088 * 2880 * 2.0  # plus the token embedding table
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -52,6 +92,25 @@ PROFILES: dict[str, Profile] = {
             power_floor_watts=130.0,
             power_per_agent_watts=10.0,
             source="seed documents: W 5.5 GB, k 147 KB, 39.6 tok/s at 2,400 tokens, 130 W + 10 W per agent (modeled)",
+        ),
+        Profile(
+            name="rx9070xt-gpt-oss-20b",
+            description="RX 9070 XT (16 GB), gpt-oss-20b (MoE 32 experts top-4, 128-token window on half the "
+                        "layers): simulated from the model's published config",
+            model_name="gpt-oss-20b MXFP4 (simulated)",
+            weight_bytes=_GPT_OSS.weight_bytes(1) - _GPT_OSS.embd_row_bytes,
+            kv_bytes_per_token_f16=_GPT_OSS.kv_bytes_per_token("f16"),
+            effective_bandwidth_bytes_per_s=_SEED_BANDWIDTH,
+            compute_seconds_per_token=0.0,
+            prefill_tokens_per_s=962.0 * 9.0 / 3.6,  # the seed's 9B prefill rate scaled by active parameters
+            kv_budget_bytes=16e9 - _GPT_OSS_FILE - 1.0e9,  # the card less the weights and ~1 GB of buffers
+            context_per_agent=16384,
+            n_ctx_train=131072,
+            power_floor_watts=130.0,
+            power_per_agent_watts=10.0,
+            source="gpt-oss-20b config (24 layers, 32 experts top-4, window 128 on even layers) and published "
+            "precision, estimated; the seed card's effective bandwidth and power model assumed (modeled)",
+            layers=_GPT_OSS,
         ),
         Profile(
             name="rtx4090-qwen3.5-9b",

@@ -35,8 +35,8 @@ class StepRecord:
     batch_cap: int
     kv_type: str
     agents: list[AgentView]
-    weight_bytes: int  # weight bytes this step read, shared by the whole batch
-    kv_bytes: float  # KV bytes this step read: sum over the batch of context x k
+    weight_bytes: int  # weight bytes this step read, shared by the whole batch: W(B) (engine/bytes_model.py)
+    kv_bytes: float  # KV bytes this step read: sum over the batch of K(L), each layer at most its window
     seconds: float  # the step's own time (decode + sampling), measured or simulated
     tokens: int  # tokens this step generated (decode) or ingested (prefill, rebuild)
     source: str  # measured | simulated
@@ -46,7 +46,8 @@ class StepRecord:
     mean_context: float = 0.0  # the batch's mean context, tokens
     tokens_per_second: float | None = None
     measured_speedup: float | None = None  # vs the batch-1 reference at the same context
-    predicted_speedup: float | None = None  # seed formula B(W+Lk)/(W+BLk), modeled
+    # B(W(1)+s+K(L))/(W(B)+B(s+K(L))), modeled: the seed's B(W+Lk)/(W+BLk) for a dense model
+    predicted_speedup: float | None = None
     calibrated_speedup: float | None = None  # from the fit to this machine's measurements, modeled
     # the calibrated step-time model t = fixed + per_token*B + per_kv_token*sum(L), and its rms relative error
     fit: list[float] | None = None
@@ -57,6 +58,12 @@ class StepRecord:
     next_agent_joules_per_token: float | None = None
     preempted: list[int] = field(default_factory=list)
     note: str = ""
+    # recurrent models: the per-agent state this step read, summed over the batch (B x s)
+    state_bytes: float | None = None
+    # MoE models: distinct experts per MoE layer the step's tokens routed to, and where the count came from:
+    # "measured" (llama.cpp's routing, --moe-routing) or "modeled" (uniform routing, E(1-(1-k/E)^B))
+    distinct_experts: float | None = None
+    distinct_experts_source: str | None = None
     type: str = "step"
 
     def to_json(self) -> str:

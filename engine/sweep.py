@@ -1,13 +1,15 @@
-"""Decode throughput over batch sizes x contexts, against the seed formula and the calibrated fit."""
+"""Decode throughput over batch sizes x contexts, against the byte model's formula and the calibrated fit."""
 
 import json
+import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.backend import Backend
+from engine.bytes_model import ByteModel
 from engine.probe import fill, time_decode
-from engine.speedup import Calibration, crossover_context, predicted_speedup
+from engine.speedup import Calibration, predicted_speedup
 
 CPU_DEFAULT_BATCHES = (1, 2, 4, 8)
 CPU_DEFAULT_CONTEXTS = (64, 512, 2048)
@@ -20,13 +22,16 @@ class SweepRow:
     tokens_per_second: float
     seconds_per_step: float
     speedup: float  # vs batch 1 at the same context, both timed in this sweep
-    predicted_speedup: float  # seed formula (modeled)
+    predicted_speedup: float  # the byte model's S(B, L) (modeled): windows, experts, recurrent state
     calibrated_speedup: float | None  # fit to this sweep's own timings (modeled)
     source: str  # measured | simulated
     watts: float | None = None
     joules_per_token: float | None = None
     tokens_per_joule: float | None = None
     power_source: str | None = None
+    # the seed's formula with W = every weight byte and k = one token's KV over all layers (modeled): what a
+    # dense reading of this model predicts; the same as predicted_speedup for a dense model
+    dense_formula_speedup: float | None = None
 
 
 @dataclass
@@ -41,18 +46,27 @@ class SweepResult:
     rows: list[SweepRow]
     fit_rms_relative_error: float | None
     copy_check: dict[str, float] | None = None
+    bytes_model: dict = field(default_factory=dict)  # ByteModel.to_dict(): what the predicted column assumes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
+    def byte_model(self) -> ByteModel:
+        if self.bytes_model:
+            return ByteModel.from_dict(self.bytes_model)
+        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / 2)  # an older result: f16 values
 
-def pace(batch: int, context: int, weight_bytes: float, k: float, measured: float | None = None,
+
+def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | None = None,
          predicted: float | None = None) -> str:
     if measured is not None and predicted is not None and measured < 0.6 * predicted:
         return "compute per token: the bandwidth formula misses it"
-    if context == 0:
+    private = batch * bm.private_bytes_per_token(kv, context)
+    if private == 0:
         return "pure weight stream, perfectly shared"
-    ratio = batch * context * k / weight_bytes  # private KV read over the shared weight read, per step
+    ratio = private / bm.weight_bytes(batch)  # private read (KV, state) over the shared weight read, per step
+    if bm.has_swa and context > 0 and bm.kv_read_bytes(kv, 2 * context) < 1.01 * bm.kv_read_bytes(kv, context):
+        return "KV read capped by the windows: batching keeps its share"
     if ratio < 0.8:
         return "weights still dominate the per-token cost"
     if ratio <= 1.25:
@@ -69,8 +83,10 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
               progress: Callable[[int, int], None] | None = None) -> SweepResult:
     batches = sorted(set(batches) | {1})
     facts = backend.facts
+    bm = facts.bytes_model
+    assert bm is not None  # ModelFacts always carries one
     k = facts.kv_bytes_per_token(kv)
-    w = facts.step_weight_bytes(1)
+    w_all = bm.all_weight_bytes + bm.embd_row_bytes  # every weight byte a dense reading would stream
     ctx_per_seq = ((max(contexts) + steps + 8 + 255) // 256) * 256
     backend.open(kv, max(batches), ctx_per_seq)
     timings = {}
@@ -97,8 +113,9 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
             t = timings[(b, c)]
             row = SweepRow(
                 batch=b, context=c, tokens_per_second=t.tokens_per_second, seconds_per_step=t.seconds_per_step,
-                speedup=t.tokens_per_second / base, predicted_speedup=predicted_speedup(b, c, w, k),
+                speedup=t.tokens_per_second / base, predicted_speedup=bm.speedup(b, c, kv),
                 calibrated_speedup=fit.speedup(b, c) if fit else None, source=backend.source,
+                dense_formula_speedup=predicted_speedup(b, c, w_all, k),
             )
             if meter is not None:
                 # a sensor over the timed steps' wall span (measured), or the profile's model (modeled)
@@ -120,20 +137,43 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
         source=backend.source, model=facts.name, backend=backend.info.name, device=backend.info.device,
         kv_type=kv, weight_bytes=facts.weight_bytes, kv_bytes_per_token=k, rows=rows,
         fit_rms_relative_error=fit.rms_relative_error if fit else None, copy_check=copy_check,
+        bytes_model=bm.to_dict(),
     )
 
 
-def table_rows(result: SweepResult) -> list[list[str]]:
-    """The seed's table: one line per context at the largest batch."""
+def table_columns(result: SweepResult) -> list[str]:
     bmax = max(r.batch for r in result.rows)
+    bm = result.byte_model()
+    cols = ["context per agent", f"tok/s at {bmax}", f"{bmax}-agent speedup ({result.source})"]
+    if bm.is_dense:
+        cols.append("seed formula (modeled)")
+    else:
+        cols += [f"bytes model: {bm.kind} (modeled)", "dense formula (modeled)"]
+    return cols + ["calibrated (modeled)", "what sets the pace"]
+
+
+def table_rows(result: SweepResult) -> list[list[str]]:
+    """The seed's table: one line per context at the largest batch (columns: table_columns)."""
+    bmax = max(r.batch for r in result.rows)
+    bm = result.byte_model()
     out = []
     for r in (r for r in result.rows if r.batch == bmax):
-        out.append([
-            f"{r.context:,}", f"{r.tokens_per_second:,.1f}", f"{r.speedup:.2f}x", f"{r.predicted_speedup:.2f}x",
-            f"{r.calibrated_speedup:.2f}x" if r.calibrated_speedup is not None else "n/a",
-            pace(bmax, r.context, result.weight_bytes, result.kv_bytes_per_token, r.speedup, r.predicted_speedup),
-        ])
+        row = [f"{r.context:,}", f"{r.tokens_per_second:,.1f}", f"{r.speedup:.2f}x", f"{r.predicted_speedup:.2f}x"]
+        if not bm.is_dense:
+            row.append(f"{r.dense_formula_speedup:.2f}x" if r.dense_formula_speedup is not None else "n/a")
+        row += [f"{r.calibrated_speedup:.2f}x" if r.calibrated_speedup is not None else "n/a",
+                pace(bmax, r.context, bm, result.kv_type, r.speedup, r.predicted_speedup)]
+        out.append(row)
     return out
+
+
+def crossover_note(result: SweepResult) -> str:
+    """L* at the largest batch, from the byte model (modeled)."""
+    bmax = max(r.batch for r in result.rows)
+    cross = result.byte_model().crossover_context(bmax, result.kv_type)
+    if math.isinf(cross):
+        return f"L* at B={bmax}: none (the private read never reaches the shared one: windows cap the KV read)"
+    return f"L* at B={bmax}: {cross:,.0f} tokens, where a token's private read equals its share of the weights"
 
 
 def energy_rows(result: SweepResult) -> list[list[str]]:
@@ -154,18 +194,25 @@ def write_png(result: SweepResult, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     label = result.source
+    bm = result.byte_model()
+    formula = "seed formula" if bm.is_dense else f"bytes model, {bm.kind}"
     for b in sorted({r.batch for r in result.rows} - {1}):
         rows = [r for r in result.rows if r.batch == b]
         xs = [r.context for r in rows]
         line = ax.plot(xs, [r.speedup for r in rows], "o-", label=f"B={b} {label}")[0]
         ax.plot(xs, [r.predicted_speedup for r in rows], "--", color=line.get_color(), alpha=0.6,
-                label=f"B={b} seed formula (modeled)")
+                label=f"B={b} {formula} (modeled)")
+        if not bm.is_dense and rows[0].dense_formula_speedup is not None:
+            ax.plot(xs, [r.dense_formula_speedup for r in rows], "-.", color="grey", alpha=0.5,
+                    label=f"B={b} dense formula (modeled)")
         if rows[0].calibrated_speedup is not None:
             cal = [r.calibrated_speedup if r.calibrated_speedup is not None else float("nan") for r in rows]
             ax.plot(xs, cal, ":", color=line.get_color(),
                     label=f"B={b} calibrated (modeled)")
     bmax = max(r.batch for r in result.rows)
-    ax.axvline(crossover_context(bmax, result.weight_bytes, result.kv_bytes_per_token), color="grey", lw=0.8)
+    cross = bm.crossover_context(bmax, result.kv_type)
+    if math.isfinite(cross) and cross > 0:
+        ax.axvline(cross, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("context per agent (tokens)")
     ax.set_ylabel("speedup vs batch 1")

@@ -37,9 +37,18 @@ class EngineCollector(Collector):
         yield from gauge("swarmtune_agents", "agents in the swarm", len(r.agents))
         yield from gauge("swarmtune_weight_bytes_per_step", "weight bytes the last step read (shared)",
                          r.weight_bytes)
-        yield from gauge("swarmtune_kv_bytes_per_step", "KV bytes the last step read (private)", r.kv_bytes)
+        yield from gauge("swarmtune_kv_bytes_per_step", "KV bytes the last step read (private; windowed layers "
+                         "at most their window)", r.kv_bytes)
+        yield from gauge("swarmtune_state_bytes_per_step", "recurrent state bytes the last step read (private)",
+                         r.state_bytes)
+        if r.distinct_experts is not None:
+            g = GaugeMetricFamily("swarmtune_distinct_experts", "MoE: distinct experts per MoE layer the last step "
+                                  "routed to", labels=["source"])
+            g.add_metric([r.distinct_experts_source or "modeled"], r.distinct_experts)
+            yield g
         yield from gauge("swarmtune_mean_context_tokens", "the last batch's mean context", r.mean_context)
-        yield from gauge("swarmtune_predicted_speedup_ratio", "seed formula speedup (modeled)", r.predicted_speedup)
+        yield from gauge("swarmtune_predicted_speedup_ratio", "bytes model speedup B(W(1)+s+K(L))/(W(B)+B(s+K(L))) "
+                         "(modeled)", r.predicted_speedup)
         yield from gauge("swarmtune_calibrated_speedup_ratio", "calibrated speedup (modeled)", r.calibrated_speedup)
         yield from gauge("swarmtune_measured_speedup_ratio", "speedup against the batch-1 reference",
                          r.measured_speedup)

@@ -1,8 +1,11 @@
 """The plots: live batch, speedup vs context, the byte split. Plotext through textual-plotext."""
 
+import math
+
 from textual_plotext import PlotextPlot
 
-from engine.speedup import Fit, crossover_context, predicted_speedup
+from engine.bytes_model import ByteModel, bytes_model_from_header
+from engine.speedup import Fit
 from tui.stats import Stats
 from tui.widgets.status import human_bytes
 
@@ -35,10 +38,16 @@ class BatchPlot(_Plot):
 NO_BYTES = "n/a: W and k unknown (--gguf, or --weight-bytes and --kv-bytes-per-token)"
 
 
-def bytes_known(h: dict, kv: str) -> tuple[float, float] | None:
-    w = h.get("weight_bytes") or 0
-    k = (h.get("kv_bytes_per_token") or {}).get(kv) or 0
-    return (w, k) if w and k else None
+def bytes_known(h: dict, kv: str) -> ByteModel | None:
+    """The header's byte model (an older recording's W and k make a dense one); None while W or k is unknown."""
+    bm = bytes_model_from_header(h)
+    if bm is None or not bm.weight_bytes(1):
+        return None
+    return bm if bm.kv_bytes_per_token(kv) > 0 or bm.state_bytes > 0 else None
+
+
+def formula_label(bm: ByteModel, b: int) -> str:
+    return f"seed formula B={b} (modeled)" if bm.is_dense else f"bytes model B={b}, {bm.kind} (modeled)"
 
 
 class SpeedupPlot(_Plot):
@@ -49,16 +58,15 @@ class SpeedupPlot(_Plot):
         if r is None or not h:
             self.refresh()
             return
-        known = bytes_known(h, r.kv_type)
-        if known is None:
+        bm = bytes_known(h, r.kv_type)
+        if bm is None:
             plt.title("speedup " + NO_BYTES)
             self.refresh()
             return
-        w, k = known
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
         b = max(r.batch_cap, 1)
-        plt.plot(xs, [predicted_speedup(b, x, w, k) for x in xs], label=f"seed formula B={b} (modeled)",
+        plt.plot(xs, [bm.speedup(b, x, r.kv_type) for x in xs], label=formula_label(bm, b),
                  marker="braille", color="blue")
         if r.fit:
             fit = Fit(r.fit[0], r.fit[1], r.fit[2], r.fit[3], 0)
@@ -87,17 +95,22 @@ class BytesPlot(_Plot):
         if r is None or not h or r.batch == 0:
             self.refresh()
             return
-        known = bytes_known(h, r.kv_type)
-        if known is None:
+        bm = bytes_known(h, r.kv_type)
+        if bm is None:
             plt.title(NO_BYTES)
             self.refresh()
             return
-        k = known[1]
         per_token_w = r.weight_bytes / r.batch
-        per_token_kv = r.mean_context * k
-        plt.bar(["weights/B shared", "KV L·k private"], [per_token_w / 1e6, per_token_kv / 1e6], orientation="h",
+        per_token_private = bm.private_bytes_per_token(r.kv_type, r.mean_context)
+        private = "KV L·k private" if bm.is_dense else ("KV+state private" if bm.state_bytes else "KV K(L) private")
+        plt.bar(["weights/B shared", private], [per_token_w / 1e6, per_token_private / 1e6], orientation="h",
                 width=0.5, color="cyan")
-        cross = crossover_context(r.batch, h["weight_bytes"], k)
-        plt.title(f"MB/token at L={r.mean_context:,.0f}; L*={cross:,.0f}")
-        plt.xlabel(f"step: {human_bytes(r.weight_bytes)} shared + {human_bytes(r.kv_bytes)} private")
+        cross = bm.crossover_context(r.batch, r.kv_type, r.distinct_experts
+                                     if r.distinct_experts_source == "measured" else None)
+        star = f"L*={cross:,.0f}" if math.isfinite(cross) else "L*: none"
+        # plotext drops a title or label wider than the plot: keep them short
+        experts = f"; {r.distinct_experts:.0f}/{bm.n_expert} experts" if r.distinct_experts else ""
+        plt.title(f"MB/token at L={r.mean_context:,.0f}; {star}{experts}")
+        private_bytes = r.kv_bytes + (r.state_bytes or 0)
+        plt.xlabel(f"step: {human_bytes(r.weight_bytes)} shared + {human_bytes(private_bytes)} private")
         self.refresh()
