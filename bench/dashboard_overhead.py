@@ -18,7 +18,7 @@ from tui.app import SwarmApp
 
 
 def settings(a) -> EngineSettings:
-    return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, probe=False, seed=1)
+    return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, reference=False, seed=1)
 
 
 def record_run(backend: LlamaBackend, a, out: Path) -> float:

@@ -103,9 +103,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kv", default="f16")
+    ap.add_argument("--check", action="store_true", help="the engine checks every cache after each step")
     a = ap.parse_args()
     b = LoggingBackend(read_model_facts(default_model_path()), n_threads=a.threads)
-    s = EngineSettings(agents=a.agents, batch_cap=a.agents, kv=a.kv, ctx_per_agent=a.ctx, probe=False)
+    s = EngineSettings(agents=a.agents, batch_cap=a.agents, kv=a.kv, ctx_per_agent=a.ctx, reference=False,
+                       check=a.check)
     best_engine = best_min = float("inf")
     for r in range(a.rounds):
         t_engine, tokens, calls = engine_run(b, EngineSettings(**vars(s)), a.steps)
@@ -116,7 +118,8 @@ def main() -> None:
               f"{tokens} tokens (measured)", flush=True)
         best_engine, best_min = min(best_engine, t_engine), min(best_min, t_min)
     b.close()
-    print(f"engine {tokens / best_engine:.1f} tok/s vs minimal loop {tokens / best_min:.1f} tok/s, best of {a.rounds}")
+    print(f"engine {tokens / best_engine:.1f} tok/s vs minimal loop {tokens / best_min:.1f} tok/s, best of {a.rounds}"
+          f" (cache check {'on' if a.check else 'off'})")
     print(f"ratio: {best_min / best_engine:.3f}")
 
 

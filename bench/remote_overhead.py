@@ -25,7 +25,7 @@ from engine.remote.server import make_app
 
 
 def settings(a) -> EngineSettings:
-    return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, probe=False, seed=1)
+    return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, reference=False, seed=1)
 
 
 def headless(backend, a) -> float:

@@ -10,6 +10,10 @@ class NoKVSlot(Exception):
     """llama_decode returned 1: the cache cannot hold this batch. A scheduling event, not a failure."""
 
 
+class CacheMismatch(RuntimeError):
+    """A sequence's cache does not hold what its agent's history says: every number after it would be fiction."""
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str  # llama.cpp | sim
@@ -57,3 +61,6 @@ class Backend(Protocol):
 
     def copy(self, src: int, dst: int) -> None:
         """Make dst's cache a copy of src's."""
+
+    def cells(self, seq: int) -> tuple[int, int]:
+        """(first, last) position seq's cache holds; (-1, -1) when it holds none."""

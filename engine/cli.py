@@ -57,7 +57,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
     g.add_argument("--extra-bufts", action="store_true",
                    help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
-    g.add_argument("--no-probe", action="store_true", help="skip the startup batch-1 timing (no measured speedup)")
+    g.add_argument("--moe-routing", action="store_true",
+                   help="MoE models: count the distinct experts each decode step routes to (measured, through an "
+                        "eval callback; it cost 3-27%% of step time on a 2-core CPU, so off by default: uniform "
+                        "routing, modeled)")
+    g.add_argument("--no-reference", action="store_true",
+                   help="no interleaved batch-1 reference steps (then no measured speedup)")
+    g.add_argument("--check", action="store_true",
+                   help="after every step, check that each agent's cache holds exactly its history")
     g.add_argument("--power", default="auto", help="power source: auto, or one 'swarmtune power' lists")
 
 
@@ -97,14 +104,16 @@ def remote_source(args: argparse.Namespace):
         return RemoteSource(client)
     if kind == "unknown":
         raise UserError(f"{url} is not swarmtune serve, llama-server or vLLM (no /v1/info, /slots or vllm: metrics)")
-    w, k = args.weight_bytes, args.kv_bytes_per_token
+    w, k, bm = args.weight_bytes, args.kv_bytes_per_token, None
     if args.gguf:
         from engine.model_facts import read_model_facts
 
         facts = read_model_facts(args.gguf)
         w = w or facts.weight_bytes
         k = k or facts.kv_bytes_per_token("f16")
-    poller = (LlamaServerPoller if kind == "llama-server" else VllmPoller)(url, w, k)
+        if args.weight_bytes is None and args.kv_bytes_per_token is None:
+            bm = facts.bytes_model
+    poller = (LlamaServerPoller if kind == "llama-server" else VllmPoller)(url, w, k, bytes_model=bm)
     return ForeignSource(poller)
 
 
@@ -162,11 +171,12 @@ def make_backend(args: argparse.Namespace):
         from engine.llama_backend import LlamaBackend
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
-    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None)
+    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
+                        measure_routing=True if getattr(args, "moe_routing", False) else None)
 
 
 def engine_settings(args: argparse.Namespace, backend):
-    from engine.engine import EngineSettings
+    from engine.engine import EngineSettings, check_default
     from engine.kv_types import kv_type
 
     kv_type(args.kv)
@@ -178,7 +188,7 @@ def engine_settings(args: argparse.Namespace, backend):
     return EngineSettings(
         agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
         gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
-        probe=not args.no_probe,
+        reference=not args.no_reference, check=args.check or check_default(),
     )
 
 
@@ -201,7 +211,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
     for p in PROFILES.values():
         print(f"{p.name:24} {p.description}")
-        print(f"{'':24} W {p.weight_bytes / 1e9:.3g} GB, k(f16) {p.kv_bytes_per_token_f16 / 1e3:.3g} KB, "
+        print(f"{'':24} {p.bytes_model.kind}: W(1) {p.weight_bytes / 1e9:.3g} GB, "
+              f"k(f16) {p.kv_bytes_per_token_f16 / 1e3:.3g} KB, "
               f"{p.power_floor_watts:.0f} W + {p.power_per_agent_watts:.0f} W/agent; {p.source}")
     return 0
 
@@ -336,7 +347,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from engine.kv_types import kv_type
-    from engine.sweep import CPU_DEFAULT_BATCHES, CPU_DEFAULT_CONTEXTS, energy_rows, run_sweep, table_rows, write_png
+    from engine.sweep import (
+        CPU_DEFAULT_BATCHES,
+        CPU_DEFAULT_CONTEXTS,
+        crossover_note,
+        energy_rows,
+        run_sweep,
+        table_columns,
+        table_rows,
+        write_png,
+    )
 
     kv_type(args.kv)
     for path in (args.json_path, args.png_path):
@@ -371,12 +391,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Console()
     bmax = max(batches)
     t = Table(title=f"{result.model} | KV {result.kv_type} | {bmax}-agent speedup ({result.source})")
-    for col in ("context per agent", f"tok/s at {bmax}", f"{bmax}-agent speedup ({result.source})",
-                "seed formula (modeled)", "calibrated (modeled)", "what sets the pace"):
+    for col in table_columns(result):
         t.add_column(col)
     for row in table_rows(result):
         t.add_row(*row)
     out.print(t)
+    out.print(crossover_note(result) + " (modeled)")
+    bm = result.byte_model()
+    if bm.source:
+        out.print(f"bytes: {bm.source}" + "".join(f"; {n}" for n in bm.notes))
     if result.fit_rms_relative_error is not None:
         out.print(f"calibrated fit: rms relative error of step time {result.fit_rms_relative_error:.1%}")
     erows = energy_rows(result)

@@ -2,28 +2,37 @@
 step did. The caller owns the loop (record, dashboard, server); controls may arrive from any thread
 and take effect at the start of the next step."""
 
+import os
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 import engine as engine_pkg
-from engine.backend import Backend, NoKVSlot
+from engine.backend import Backend, CacheMismatch, NoKVSlot
 from engine.errors import UserError
 from engine.kv_types import kv_type
 from engine.power.ledger import EnergyLedger
 from engine.power.meter import NoMeter
-from engine.probe import fill, time_decode
 from engine.records import AgentView, StepRecord
 from engine.scheduler import Plan, Scheduler
-from engine.speedup import BatchOneReference, Calibration, predicted_speedup
+from engine.speedup import BatchOneReference, Calibration
 from engine.workload import Agent, AgentState, Workload
 
 TAIL_CHARS = 48
 REFIT_EVERY_STEPS = 16
+# A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
+# contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
+REFERENCE_EVERY_STEPS_WARMUP = 8
+REFERENCE_EVERY_STEPS = 64
+REFERENCE_WARM_SAMPLES = 6
+
+
+def check_default() -> bool:
+    return os.environ.get("SWARMTUNE_CHECK", "0") == "1"
 
 
 @dataclass
@@ -37,7 +46,8 @@ class EngineSettings:
     ctx_per_agent: int = 2048
     kv_budget_bytes: float | None = None  # None: every agent's full context fits
     chunk_tokens: int = 256
-    probe: bool = True  # time batch-1 decode at startup: the reference for measured speedup
+    reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
+    check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
 
     def validate(self, n_ctx_train: int) -> None:
         kv_type(self.kv)
@@ -89,11 +99,10 @@ class Engine:
         if self.scheduler.kv_budget_tokens < min_need:
             raise UserError(f"the KV budget holds {self.scheduler.kv_budget_tokens} tokens at {self.s.kv}; "
                             f"not even one agent fits (needs {min_need})")
-        self.calibration = Calibration()
-        self.reference = BatchOneReference(
-            "measured at startup: batch-1 decode timed at several contexts (one sequence prefilled), "
-            "linear interpolation between them" if backend.source == "measured" else
-            "simulated: batch-1 step time of the profile's roofline at several contexts")
+        # the step time depends on the cache type: one model and one reference per type, kept across switches
+        self._calibrations: dict[str, Calibration] = {}
+        self._references: dict[str, BatchOneReference] = {}
+        self._since_reference = 0
         self.step_index = 0
         self.clock_s = 0.0  # simulated seconds since start (sim backend)
         self._t0 = 0.0
@@ -112,37 +121,31 @@ class Engine:
     def _budget_tokens(self, kv: str) -> int:
         if self.s.kv_budget_bytes is None:
             return self.slots * self.s.ctx_per_agent
-        return int(self.s.kv_budget_bytes // self.facts.kv_bytes_per_token(kv))
+        # each agent's window cells (windowed layers keep window + one ubatch) and recurrent state are fixed
+        # costs; the full-attention layers' tokens share what is left
+        return self.facts.bytes_model.budget_tokens(self.s.kv_budget_bytes, kv, self.slots, self.s.ctx_per_agent,
+                                                    swa_slack_tokens=self.s.chunk_tokens)
+
+    @property
+    def calibration(self) -> Calibration:
+        return self._calibrations.setdefault(self.s.kv, Calibration())
+
+    @property
+    def reference(self) -> BatchOneReference:
+        how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
+               f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), median per context bucket, interpolated"
+               if self.backend.source == "measured" else
+               "simulated: batch-1 steps of the profile's roofline interleaved in the run")
+        return self._references.setdefault(self.s.kv, BatchOneReference(how))
 
     def start(self) -> None:
         self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
-        if self.s.probe:
-            self._probe()
         for i in range(self.s.agents):
             self._new_agent(i)
         self._t0 = time.perf_counter()
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.run_id = uuid.uuid4().hex[:12]
         self.started = True
-
-    def _probe(self) -> None:
-        limit = self.s.ctx_per_agent - 32
-        contexts = sorted({64, limit // 2, limit})
-        batches = sorted({1, self.s.batch_cap})
-        total, done = len(contexts) * len(batches), 0
-        for c in contexts:
-            fill(self.backend, 1, c)
-            for b in batches:
-                self.progress("probe", done, total)
-                timing = time_decode(self.backend, b, c, steps=4, warmup=1, filled=True)
-                self.calibration.add(b, b * (c + 1), timing.seconds_per_step, pinned=True)
-                if b == 1:
-                    self.reference.add(c, timing.seconds_per_step)
-                done += 1
-            for s in range(max(batches)):
-                self.backend.drop(s)
-        self.progress("probe", total, total)
-        self.calibration.refit()
 
     def _new_agent(self, agent_id: int) -> Agent:
         used = {a.seq for a in self.agents}
@@ -159,7 +162,10 @@ class Engine:
             "weight_bytes": self.facts.weight_bytes,
             "embd_row_bytes": self.facts.embd_row_bytes,
             "kv_bytes_per_token": self.facts.kv_bytes_per_token_all(),
+            # what a step reads, layer by layer: windows, experts, recurrent state (engine/bytes_model.py)
+            "bytes_model": self.facts.bytes_model.to_dict(),
             "kv_buffer_bytes_reported": getattr(b, "kv_buffer_bytes", None),
+            "cache_bytes_reported": getattr(b, "cache_bytes", None) or None,  # kv, kv_swa, recurrent (llama.cpp log)
             "backend": b.info.name,
             "device": b.info.device,
             "versions": {"swarmtune": engine_pkg.__version__, **b.info.versions},
@@ -183,7 +189,7 @@ class Engine:
             if kv is not None:
                 kv_type(kv)
                 if self.s.kv_budget_bytes is not None:
-                    budget = int(self.s.kv_budget_bytes // self.facts.kv_bytes_per_token(kv))
+                    budget = self._budget_tokens(kv)
                     if budget < min_context(self.s):
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}")
             new = EngineState(
@@ -240,6 +246,29 @@ class Engine:
     def step(self) -> StepRecord:
         if not self.started:
             self.start()
+        rec = self._step()
+        if self.s.check:
+            self.check_caches()
+        return rec
+
+    def check_caches(self) -> None:
+        """Every live agent's cells are exactly its history (positions 0..len-1); every other sequence is
+        empty. Raises CacheMismatch: a cache that lost or gained tokens makes every later number fiction."""
+        used: set[int] = set()
+        for a in self.agents:
+            if a.seq >= self.backend.n_seqs:
+                continue  # added beyond the open streams: it starts at the next rebuild
+            used.add(a.seq)
+            lo, hi = self.backend.cells(a.seq)
+            want = (0, a.context - 1) if a.context else (-1, -1)
+            if (lo, hi) != want:
+                raise CacheMismatch(f"agent {a.id} (sequence {a.seq}, {a.state.value}) has {a.context} tokens of "
+                                    f"history but its cache holds positions {lo}..{hi}")
+        for seq in range(self.backend.n_seqs):
+            if seq not in used and self.backend.cells(seq) != (-1, -1):
+                raise CacheMismatch(f"sequence {seq} belongs to no agent but holds positions {self.backend.cells(seq)}")
+
+    def _step(self) -> StepRecord:
         self._step_t0 = time.perf_counter()
         rec = self._apply_controls()
         if rec is not None:
@@ -275,8 +304,25 @@ class Engine:
             a.state = AgentState.DECODE
         return self._record("prefill", [a], seconds, len(chunk), preempted)
 
+    def _reference_due(self, batch: list[Agent]) -> bool:
+        if not self.s.reference or len(batch) < 2:
+            return False
+        mean_ctx = sum(a.context for a in batch) / len(batch)
+        cold = self.reference.samples < REFERENCE_WARM_SAMPLES or not self.reference.covers(mean_ctx)
+        return self._since_reference >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
+
     def _decode_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         batch = plan.agents
+        note = ""
+        self._since_reference += 1
+        if self._reference_due(batch):
+            # one agent alone, the others wait a step: a real step of the run, timed at batch 1, by the
+            # agent nearest the batch's mean context (where the next speedups will be read)
+            mean_ctx = sum(a.context for a in batch) / len(batch)
+            batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
+            note = "batch-1 reference step"
+        if len(batch) == 1:
+            self._since_reference = 0
         while True:
             try:
                 out, seconds = self.backend.decode([a.seq for a in batch], [a.next_token for a in batch],
@@ -303,7 +349,7 @@ class Engine:
                 a.next_token = tok
                 a.turn_text += piece
                 a.tail = (a.tail + piece)[-TAIL_CHARS:]
-        return self._record("decode", batch, seconds, len(batch), preempted)
+        return self._record("decode", batch, seconds, len(batch), preempted, note=note)
 
     def _rebuild(self, kv: str) -> StepRecord:
         old = self.s.kv
@@ -348,23 +394,24 @@ class Engine:
         wall = time.perf_counter() - t0
         if self.backend.source == "simulated":
             wall = seconds
-        self.calibration = Calibration()  # the step-time model depends on the cache type
-        self.reference = BatchOneReference(self.reference.how)
-        if self.s.probe:
-            self._probe()
         return self._record("rebuild", [], wall, done, preempted,
                             note=f"{refused}kv {old} -> {kv}: re-prefilled {done} tokens in {wall:.2f} s")
 
     # the record
     def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],
                 note: str = "") -> StepRecord:
-        k = self.facts.kv_bytes_per_token(self.s.kv)
+        bm = self.facts.bytes_model
+        kv = self.s.kv
         b = len(batch)
-        # after the step: the cache the step read, its own tokens included; an untied embedding is read
-        # once per token the step carries (one per agent in a decode, the chunk in a prefill)
+        # after the step: the cache the step read, its own tokens included (a windowed layer reads at most its
+        # window); an untied embedding is read once per token the step carries (one per agent in a decode,
+        # the chunk in a prefill); MoE: the experts the step's tokens routed to, measured where the backend
+        # counted them, else uniform routing (modeled)
         contexts = [a.context for a in batch]
-        kv_bytes = sum(contexts) * k
-        weight_bytes = self.facts.step_weight_bytes(tokens) if batch else 0
+        kv_bytes = sum(bm.kv_read_bytes(kv, c) for c in contexts)
+        measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
+        distinct = sum(measured) / len(measured) if measured else None
+        weight_bytes = bm.weight_bytes(tokens, distinct) if batch else 0
         mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
         if self.backend.source == "simulated":
             self.clock_s += seconds
@@ -378,6 +425,11 @@ class Engine:
             source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 else None,
         )
+        if batch and bm.state_bytes:
+            rec.state_bytes = b * bm.state_bytes
+        if batch and bm.is_moe:
+            rec.distinct_experts = distinct if distinct is not None else bm.expected_distinct_experts(tokens)
+            rec.distinct_experts_source = "measured" if distinct is not None else "modeled"
         power = self.meter.step(self._step_t0, time.perf_counter(), b, seconds) if kind != "rebuild" else None
         if power is not None:
             rec.watts, rec.joules, rec.power_source = power.watts, power.joules, power.source
@@ -387,7 +439,7 @@ class Engine:
         if kind == "decode" and b:
             if power is not None:
                 self.ledger.add(b, power.joules, tokens, seconds)
-            rec.predicted_speedup = predicted_speedup(b, mean_ctx, self.facts.step_weight_bytes(1), k)
+            rec.predicted_speedup = bm.speedup_mixed(contexts, kv, distinct)
             self.calibration.add(b, sum(contexts), seconds)
             if self.step_index % REFIT_EVERY_STEPS == 0 or self.calibration.fit is None:
                 self.calibration.refit()
@@ -395,7 +447,9 @@ class Engine:
                 f = self.calibration.fit
                 rec.calibrated_speedup = f.speedup(b, mean_ctx)
                 rec.fit = [f.fixed_seconds, f.per_token_seconds, f.per_kv_token_seconds, f.rms_relative_error]
-            if self.reference.ready and seconds > 0:
+            if b == 1:
+                self.reference.add(mean_ctx, seconds)
+            elif self.reference.covers(mean_ctx) and seconds > 0:
                 rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
             fit = self.calibration.fit
             if fit is not None and power is not None:

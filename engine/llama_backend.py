@@ -11,14 +11,17 @@ import threading
 import time
 from contextlib import ExitStack
 
-import llama_cpp as ll  # noqa: E402  (after the engine imports so a missing build reads clearly)
+import llama_cpp as ll
+import numpy as np
 
 from engine.backend import BackendInfo, NoKVSlot
 from engine.errors import UserError
 from engine.kv_types import kv_type
 from engine.model_facts import ModelFacts
+from engine.moe_routing import RoutingCounter
 
 _log_lines: list[str] = []
+_log_kept = 0  # lines kept since the start (a mark for "the lines since ...")
 _log_lock = threading.Lock()
 
 
@@ -29,8 +32,10 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Keep warnings, errors and buffer sizes; the per-tensor graph chatter would crowd them out.
     if level not in (2, 3) and "size" not in line:
         return
+    global _log_kept
     with _log_lock:
         _log_lines.append(line)
+        _log_kept += 1
         del _log_lines[:-400]
 
 
@@ -41,6 +46,24 @@ ll.llama_backend_init()
 def llama_log_tail(n: int = 400) -> list[str]:
     with _log_lock:
         return list(_log_lines[-n:])
+
+
+def llama_log_mark() -> int:
+    with _log_lock:
+        return _log_kept
+
+
+def llama_log_since(mark: int) -> list[str]:
+    """The kept lines logged after llama_log_mark() returned `mark` (at most the last 400)."""
+    with _log_lock:
+        n = min(_log_kept - mark, len(_log_lines))
+        return list(_log_lines[-n:]) if n > 0 else []
+
+
+def default_measure_routing() -> bool:
+    """Count distinct experts per step on MoE models (an eval callback): opt-in (--moe-routing or
+    SWARMTUNE_MOE_ROUTING=1), as it costs more than 2% of step time (bench/moe_routing_cost.py)."""
+    return os.environ.get("SWARMTUNE_MOE_ROUTING", "0") == "1"
 
 
 def default_use_extra_bufts() -> bool:
@@ -59,6 +82,7 @@ class LlamaBackend:
         use_extra_bufts: bool | None = None,
         flash_attn: bool = True,
         chunk_tokens: int = 256,
+        measure_routing: bool | None = None,
     ) -> None:
         self.facts = facts
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
@@ -76,8 +100,6 @@ class LlamaBackend:
         self._stack.callback(ll.llama_model_free, model)
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
-        tmpl = ll.llama_model_chat_template(model, None)
-        self._template = tmpl  # bytes or None
         self.ctx = None
         self._ctx_stack = ExitStack()
         self._samplers: dict[int, object] = {}
@@ -86,18 +108,40 @@ class LlamaBackend:
         self._stack.callback(lambda: ll.llama_batch_free(self.batch))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, str] = {}
+        self._template, self.chat_template = self._pick_template(model, facts.architecture)
         self.kv = ""
         self.n_seqs = 0
         self.ctx_per_seq = 0
         self.kv_buffer_bytes: int | None = None
+        self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self._prefill_row = None
+        # MoE: distinct experts of the last decode step, per MoE layer (measured through an eval callback)
+        want_routing = default_measure_routing() if measure_routing is None else measure_routing
+        self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
+        self.last_distinct_experts: list[int] | None = None
         self.info = BackendInfo(
             name="llama.cpp",
             device=self._device(),
             versions={"llama_cpp_python": ll.__version__},
             settings={"n_threads": self.n_threads, "flash_attn": flash_attn, "use_extra_bufts": self.use_extra_bufts,
-                      "n_gpu_layers": n_gpu_layers, "kv_unified": False},
+                      "n_gpu_layers": n_gpu_layers, "kv_unified": False, "chat_template": self.chat_template,
+                      "swa_full": False, "moe_routing": "measured" if self.routing else "modeled"},
         )
+
+    def _pick_template(self, model, architecture: str) -> tuple[bytes | None, str]:
+        """The file's own template; else llama.cpp's built-in one for the model's family; ChatML last.
+        Returns (what llama_chat_apply_template takes, or None for ChatML; how the header names it)."""
+        own = ll.llama_model_chat_template(model, None)
+        if own:
+            return own, "the model's own (GGUF tokenizer.chat_template)"
+        name = builtin_template_name(architecture, self._has_token)
+        if name is not None and _applies(name.encode()):
+            return name.encode(), f"llama.cpp built-in {name!r} (the GGUF has no template; family {architecture})"
+        return None, f"ChatML (the GGUF has no template and llama.cpp has none for family {architecture})"
+
+    def _has_token(self, text: str) -> bool:
+        ids = self.tokenize(text)
+        return len(ids) == 1 and self.piece(ids[0]) == text
 
     @staticmethod
     def _device() -> str:
@@ -122,6 +166,12 @@ class LlamaBackend:
         # a quantized V cache needs flash attention
         fa_on = self.flash_attn or t.quantized
         cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa_on else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # sliding-window layers keep their window (+ one ubatch), as llama.cpp's own CLI does: memory = what is read
+        cp.swa_full = False
+        if self.routing is not None:
+            cp.cb_eval = self.routing.callback
+            cp.cb_eval_user_data = None
+        log_mark = llama_log_mark()
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
@@ -134,7 +184,8 @@ class LlamaBackend:
             self._batch_cap = cp.n_batch
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._prefill_row = None
-        self.kv_buffer_bytes = _kv_size_from_log(llama_log_tail(200))
+        self.cache_bytes = caches_from_log(llama_log_since(log_mark))
+        self.kv_buffer_bytes = sum(self.cache_bytes.values()) if self.cache_bytes else None
 
     def _close_ctx(self) -> None:
         self._ctx_stack.close()
@@ -230,8 +281,16 @@ class LlamaBackend:
         self._prefill_row = None
         sample = ll.llama_sampler_sample
         ctx, samplers = self.ctx, self._samplers
+        routing = self.routing
         t0 = time.perf_counter()
-        self._decode()
+        if routing is None:
+            self._decode()
+        else:
+            routing.begin()
+            try:
+                self._decode()
+            finally:
+                self.last_distinct_experts = routing.end()
         out = [sample(samplers[s], ctx, j) for j, s in enumerate(seqs)]
         return out, time.perf_counter() - t0
 
@@ -258,14 +317,73 @@ class LlamaBackend:
         ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
+    def cells(self, seq: int) -> tuple[int, int]:
+        return ll.llama_memory_seq_pos_min(self.mem, seq), ll.llama_memory_seq_pos_max(self.mem, seq)
 
-def _kv_size_from_log(lines: list[str]) -> int | None:
-    """llama.cpp logs 'llama_kv_cache: size =  405.00 MiB (...)' when it makes the cache."""
-    for line in reversed(lines):
-        if "llama_kv_cache: size =" in line:
+    def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
+        """The logits that follow `token` at `pos` in seq, as this cache computes them; the cache is left
+        as it was. A check that a cache still holds its agent's text (tests, --check diagnostics)."""
+        b = self.batch
+        b.n_tokens = 1
+        b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = token, pos, 1, seq, 1
+        self._prefill_row = None
+        self._decode()
+        row = ll.llama_get_logits_ith(self.ctx, 0)
+        out = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
+        ll.llama_memory_seq_rm(self.mem, seq, pos, -1)
+        return out
+
+
+def caches_from_log(lines: list[str]) -> dict[str, int]:
+    """Bytes of each cache a context made, from llama.cpp's log lines (two decimals of MiB):
+    'kv' (full attention), 'kv_swa' (sliding-window layers, llama_kv_cache_iswa), 'recurrent'."""
+    out: dict[str, int] = {}
+    kind = "kv"
+    for line in lines:
+        if "creating     SWA KV cache" in line:
+            kind = "kv_swa"
+        elif "creating non-SWA KV cache" in line:
+            kind = "kv"
+        elif "llama_kv_cache: size =" in line or "llama_memory_recurrent: size =" in line:
             mib = float(line.split("size =")[1].split("MiB")[0])
-            return int(round(mib * 1024 * 1024))
-    return None
+            key = "recurrent" if line.startswith("llama_memory_recurrent") else kind
+            out[key] = out.get(key, 0) + int(round(mib * 1024 * 1024))
+    return out
+
+
+# llama.cpp's built-in chat templates by name (llama-chat.cpp), for a model family whose GGUF carries none.
+_FAMILY_TEMPLATES = {
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma",
+    "phi3": "phi3", "phimoe": "phi3", "phi4": "phi4",
+    "qwen2": "chatml", "qwen2moe": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "qwen3next": "chatml",
+    "deepseek": "deepseek", "deepseek2": "deepseek3",
+    "command-r": "command-r", "cohere2": "command-r",
+    "chatglm": "chatglm4", "glm4": "chatglm4", "glm4moe": "chatglm4",
+    "granite": "granite", "granitemoe": "granite", "granitehybrid": "granite",
+    "exaone": "exaone3", "exaone4": "exaone4", "minicpm": "minicpm", "openai-moe": "gpt-oss", "gpt-oss": "gpt-oss",
+    "rwkv6": "rwkv-world", "rwkv7": "rwkv-world", "bailingmoe": "bailing", "hunyuan-moe": "hunyuan-moe",
+    "smolvlm": "smolvlm", "falcon-h1": "falcon3", "mistral3": "mistral-v7", "llama4": "llama4",
+}
+
+
+def builtin_template_name(architecture: str, has_token) -> str | None:
+    """The name of llama.cpp's built-in template for this family. The `llama` architecture covers
+    Llama 2, Llama 3 and Mistral, told apart by their special tokens."""
+    if architecture == "llama":
+        if has_token("<|start_header_id|>"):
+            return "llama3"
+        if has_token("[INST]"):
+            return "mistral-v1"
+        return None
+    return _FAMILY_TEMPLATES.get(architecture)
+
+
+def _applies(template: bytes) -> bool:
+    """llama.cpp knows this template (an unknown one makes llama_chat_apply_template return -1)."""
+    msg = (ll.llama_chat_message * 1)()
+    msg[0].role, msg[0].content = b"user", b"hi"
+    buf = ctypes.create_string_buffer(256)
+    return ll.llama_chat_apply_template(template, msg, 1, True, buf, 256) >= 0
 
 
 def _chatml(messages: list[dict[str, str]], add_assistant: bool) -> str:

@@ -5,7 +5,7 @@ Everything it produces is simulated; the engine labels it so.
 
 import random
 
-from engine.backend import BackendInfo, NoKVSlot
+from engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from engine.kv_types import KV_TYPES, kv_type
 from engine.model_facts import ModelFacts
 from engine.profiles import Profile
@@ -18,11 +18,12 @@ _CHARS_PER_TOKEN = 4
 
 
 def sim_facts(p: Profile) -> ModelFacts:
+    bm = p.bytes_model
     return ModelFacts(
         path=f"sim:{p.name}",
         name=p.model_name,
         architecture="sim",
-        n_layer=0,
+        n_layer=len(bm.kv_values_per_layer) if p.layers is not None else 0,
         n_head=0,
         n_head_kv_per_layer=(),
         head_dim_k=0,
@@ -31,9 +32,10 @@ def sim_facts(p: Profile) -> ModelFacts:
         file_bytes=0,
         tensor_bytes=int(p.weight_bytes),
         weight_bytes=int(p.weight_bytes),
-        embd_row_bytes=0,
-        tied_output=True,
+        embd_row_bytes=int(bm.embd_row_bytes),
+        tied_output=not bm.embd_row_bytes,
         kv_values_per_token=p.kv_bytes_per_token_f16 / KV_TYPES["f16"].bytes_for(1),
+        bytes_model=bm,
     )
 
 
@@ -44,7 +46,8 @@ class SimBackend:
     def __init__(self, p: Profile) -> None:
         self.profile = p
         self.facts = sim_facts(p)
-        self.info = BackendInfo(name="sim", device=p.description, versions={}, settings={"profile": p.name})
+        self.info = BackendInfo(name="sim", device=p.description, versions={},
+                                settings={"profile": p.name, "chat_template": "ChatML (simulated tokenizer)"})
         self._len: dict[int, int] = {}
         self._rng: dict[int, random.Random] = {}
         self._vocab: dict[str, int] = {}
@@ -58,7 +61,9 @@ class SimBackend:
         kv_type(kv)
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._len = {}
-        self.kv_buffer_bytes = int(n_seqs * ctx_per_seq * self.facts.kv_bytes_per_token(kv))
+        # what llama.cpp would allocate: full-attention cells, each stream's window, recurrent state
+        self.kv_buffer_bytes = sum(self.profile.bytes_model.llama_cpp_cache_bytes(
+            kv, n_seqs, ctx_per_seq, self.max_chunk_tokens).values())
 
     def close(self) -> None:
         self._len = {}
@@ -89,6 +94,13 @@ class SimBackend:
     def seed_sampler(self, seq: int, seed: int) -> None:
         self._rng[seq] = random.Random(seed)
 
+    def _expect(self, seq: int, pos: int) -> None:
+        # A consistent cache takes a sequence's next token at its length and nowhere else; llama.cpp
+        # itself refuses a gap in a non-empty sequence, and a gap in an empty one is this engine's bug.
+        have = self._len.get(seq, 0)
+        if pos != have:
+            raise CacheMismatch(f"sequence {seq}: a token at position {pos}, but its cache holds {have} tokens")
+
     def _grow(self, seq: int, n: int) -> None:
         new = self._len.get(seq, 0) + n
         if new > self.ctx_per_seq:
@@ -96,7 +108,7 @@ class SimBackend:
         self._len[seq] = new
 
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
-        self._len[seq] = pos0
+        self._expect(seq, pos0)
         self._grow(seq, len(tokens))
         return len(tokens) / self.profile.prefill_tokens_per_s
 
@@ -106,18 +118,25 @@ class SimBackend:
     def _sample(self, seq: int) -> int:
         return self._id(" " + self._rng[seq].choice(_WORDS))
 
-    def step_seconds(self, batch: int, total_context: float, kv: str | None = None) -> float:
+    def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
+                     contexts: list[float] | None = None) -> float:
+        """The roofline: the bytes the step reads (engine/bytes_model.py) over the bandwidth, plus compute.
+        contexts: each sequence's context (windowed layers read at most their window); else all equal."""
         p = self.profile
-        k = self.facts.kv_bytes_per_token(kv or self.kv)
-        memory_s = (p.weight_bytes + total_context * k) / p.effective_bandwidth_bytes_per_s
+        ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
+        memory_s = p.bytes_model.step_bytes(kv or self.kv, ctx) / p.effective_bandwidth_bytes_per_s
         return memory_s + batch * p.compute_seconds_per_token
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         total = sum(positions) + len(seqs)  # each sequence's attention reads its cache, this token included
         for s, pos in zip(seqs, positions, strict=True):
-            self._len[s] = pos
+            self._expect(s, pos)
+        if any(self._len.get(s, 0) + 1 > self.ctx_per_seq for s in seqs):
+            raise NoKVSlot()  # the whole batch is refused, as llama_decode refuses it
+        for s in seqs:
             self._grow(s, 1)
-        return [self._sample(s) for s in seqs], self.step_seconds(len(seqs), total)
+        contexts = [pos + 1 for pos in positions]
+        return [self._sample(s) for s in seqs], self.step_seconds(len(seqs), total, contexts=contexts)
 
     def drop(self, seq: int) -> None:
         self._len.pop(seq, None)
@@ -128,3 +147,7 @@ class SimBackend:
 
     def copy(self, src: int, dst: int) -> None:
         self._len[dst] = self._len.get(src, 0)
+
+    def cells(self, seq: int) -> tuple[int, int]:
+        n = self._len.get(seq, 0)
+        return (0, n - 1) if n else (-1, -1)

@@ -11,7 +11,8 @@ import numpy as np
 
 
 def predicted_speedup(batch: int, context: float, weight_bytes: float, kv_bytes_per_token: float) -> float:
-    """S = B(W + L k) / (W + B L k): batch-B throughput over batch-1 throughput, both at context L."""
+    """S = B(W + L k) / (W + B L k): batch-B throughput over batch-1 throughput, both at context L.
+    The dense, full-attention case of engine/bytes_model.py's ByteModel.speedup (windows, experts, state)."""
     w, lk = weight_bytes, context * kv_bytes_per_token
     return batch * (w + lk) / (w + batch * lk)
 
@@ -79,26 +80,50 @@ class Calibration:
 
 
 class BatchOneReference:
-    """Batch-1 step time against context, from timed batch-1 decode steps (linear interpolation)."""
+    """Batch-1 step time against context, from timed batch-1 decode steps: the median of the latest few
+    in each context bucket (one step's time is noisy on a shared CPU), linear interpolation between."""
+
+    BUCKET_TOKENS = 32
+    PER_BUCKET = 5
 
     def __init__(self, how: str) -> None:
         self.how = how
-        self._points: dict[int, float] = {}
+        self._samples: dict[int, deque[float]] = {}
 
-    def add(self, context: int, seconds: float) -> None:
-        self._points[context] = seconds
+    def add(self, context: float, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        bucket = int(round(context / self.BUCKET_TOKENS)) * self.BUCKET_TOKENS
+        self._samples.setdefault(bucket, deque(maxlen=self.PER_BUCKET)).append(seconds)
+
+    @property
+    def _points(self) -> dict[int, float]:
+        return {c: float(np.median(d)) for c, d in self._samples.items()}
 
     @property
     def ready(self) -> bool:
-        return len(self._points) >= 1
+        return len(self._samples) >= 1
+
+    @property
+    def samples(self) -> int:
+        return sum(len(d) for d in self._samples.values())
+
+    def covers(self, context: float) -> bool:
+        """Close enough to a measured context to compare against (no long extrapolation)."""
+        if not self._samples:
+            return False
+        lo, hi = min(self._samples), max(self._samples)
+        margin = max(4 * self.BUCKET_TOKENS, 0.25 * hi)
+        return lo - margin <= context <= hi + margin
 
     def seconds_at(self, context: float) -> float:
-        xs = sorted(self._points)
-        ys = [self._points[x] for x in xs]
+        pts = self._points
+        xs = sorted(pts)
+        ys = [pts[x] for x in xs]
         if len(xs) == 1:
             return ys[0]
         if context > xs[-1]:  # extend the last segment rather than flatten it
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
             return ys[-1] + slope * (context - xs[-1])
         return float(np.interp(context, xs, ys))
 

@@ -1,8 +1,13 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# Every engine in the tests (and every CLI they start) checks after each step that each agent's cache
+# holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
+os.environ["SWARMTUNE_CHECK"] = "1"
 
 from engine.default_model import default_model_path
 from engine.engine import Engine, EngineSettings

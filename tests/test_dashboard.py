@@ -79,7 +79,8 @@ async def test_typed_values_and_refusals():
 
 @pytest.mark.model
 async def test_dashboard_on_the_default_model(llama_backend):
-    e = Engine(llama_backend, EngineSettings(agents=3, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, probe=False))
+    e = Engine(llama_backend,
+               EngineSettings(agents=3, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, reference=False))
     app = SwarmApp(LiveSource(e))
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_for(pilot, lambda: app.stats.latest_decode is not None, timeout=60)

@@ -86,7 +86,7 @@ async def test_a_slow_reader_loses_the_oldest_not_the_engine():
     from engine.remote.runner import EngineRunner
     from engine.sim_backend import SimBackend
 
-    runner = EngineRunner(Engine(SimBackend(profile(SIM)), EngineSettings(ctx_per_agent=4096, probe=False)),
+    runner = EngineRunner(Engine(SimBackend(profile(SIM)), EngineSettings(ctx_per_agent=4096, reference=False)),
                           queue_size=8, pace_sim=False)
     sub = runner.subscribe(asyncio.get_running_loop())
     runner.start()
@@ -205,7 +205,7 @@ def test_attach_to_nothing_is_one_line(tmp_path):
 
 @pytest.mark.model
 def test_serve_the_default_model():
-    with served("--agents", "2", "--ctx", "512", "--no-probe", "--threads", "2") as s:
+    with served("--agents", "2", "--ctx", "512", "--no-reference", "--threads", "2") as s:
         c = SwarmClient(s.url)
         info = c.info()
         assert info["backend"] == "llama.cpp" and info["source"] == "measured"

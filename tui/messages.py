@@ -16,7 +16,7 @@ class StepsArrived(Message):
 
 @dataclass
 class EngineProgress(Message):
-    what: str  # probe | rebuild
+    what: str  # rebuild
     done: int
     total: int
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.bytes_model import ByteModel
 from engine.errors import UserError
 from engine.records import AgentView, StepRecord
 from engine.speedup import Calibration, predicted_speedup
@@ -68,6 +69,8 @@ class StepTiming:
                 [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error])
 
 
+REMOTE_KV = "f16"
+
 class ForeignPoller:
     """Base: one poll is one record; its `t` is seconds on `clock` since the first poll."""
 
@@ -75,8 +78,12 @@ class ForeignPoller:
     context_source = ""
 
     def __init__(self, url: str, weight_bytes: float | None, kv_bytes_per_token: float | None,
-                 timeout_s: float = 5.0, clock: Callable[[], float] = time.perf_counter) -> None:
+                 timeout_s: float = 5.0, clock: Callable[[], float] = time.perf_counter,
+                 bytes_model: ByteModel | None = None) -> None:
         self.url = url.rstrip("/")
+        # from --gguf: what a step reads layer by layer (windows, experts, recurrent state); the remote's cache
+        # type is not reported, so its KV is counted at f16, the default of both engines
+        self.bytes_model = bytes_model
         self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
         self.weight_bytes = weight_bytes
         self.k = kv_bytes_per_token
@@ -95,6 +102,7 @@ class ForeignPoller:
             "backend": self.engine, "device": self.url, "versions": {}, "settings": {},
             "source": f"measured:{self.engine}", "read_only": True, "context_source": self.context_source,
             "power": {"source": None, "detail": f"n/a: {self.engine} does not report power"},
+            **({"bytes_model": self.bytes_model.to_dict()} if self.bytes_model else {}),
         }
 
     def model_name(self) -> str:
@@ -122,8 +130,14 @@ class ForeignPoller:
             source=f"measured:{self.engine}", mean_context=mean,
             tokens_per_second=tokens / seconds if seconds > 0 else None, note=note,
         )
+        bm = self.bytes_model
+        if bm is not None and b:
+            rec.kv_bytes = sum(bm.kv_read_bytes(REMOTE_KV, c) for c in ctx)
+            rec.weight_bytes = int(bm.weight_bytes(b))
         if kind == "decode" and b:
-            if self.weight_bytes and self.k:
+            if bm is not None:
+                rec.predicted_speedup = bm.speedup_mixed(ctx, REMOTE_KV)
+            elif self.weight_bytes and self.k:
                 rec.predicted_speedup = predicted_speedup(b, mean, self.weight_bytes, self.k)
             rec.calibrated_speedup, rec.fit = self.timing.speedup(b, mean)
         self.step += 1

@@ -1,0 +1,127 @@
+"""After every control (KV switch both ways, cap change, agents added and removed, preemption under a KV
+budget) each agent's cache holds exactly its history, and the model continues each agent's own text:
+its next-token logits equal those of a fresh context prefilled with the same history.
+
+The engine's own check (SWARMTUNE_CHECK, on in every test) runs after each step; these tests add the
+logits, which a cache of the right length but the wrong content would fail."""
+
+import numpy as np
+import pytest
+
+from engine.backend import CacheMismatch
+from engine.engine import Engine, EngineSettings
+from engine.workload import AgentState
+
+pytestmark = pytest.mark.model
+
+# the reference (interleaved batch-1 steps) stays on: it replaced the probe that wiped the caches
+SETTINGS = dict(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def fresh(model_path):
+    """A second llama.cpp context on the same model: what an untouched cache computes."""
+    from engine.llama_backend import LlamaBackend
+    from engine.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(model_path), n_threads=2)
+    yield b
+    b.close()
+
+
+def _kl_nats(got: np.ndarray, want: np.ndarray) -> float:
+    """KL(want || got) of the next-token distributions: a constant logit offset (a different kernel path
+    for decode than for prefill) costs nothing, a different context costs a lot."""
+    lw, lg = want - np.logaddexp.reduce(want), got - np.logaddexp.reduce(got)
+    return float(np.sum(np.exp(lw) * (lw - lg)))
+
+
+# what rebuilding a cache by prefill instead of decode may change at each cache type's precision
+TOLERANCE_NATS = {"f16": 0.02, "q8_0": 0.05}
+KL_SEEN: list[tuple[str, float, float]] = []
+
+
+def assert_each_agent_continues_its_own_text(e: Engine, fresh, most: int = 2) -> int:
+    """For the `most` longest-context agents ready to decode (a fresh prefill per agent is the cost)."""
+    e.check_caches()
+    checked = 0
+    ready = [a for a in e.agents
+             if a.state is AgentState.DECODE and a.next_token is not None and a.seq < e.backend.n_seqs]
+    for a in sorted(ready, key=lambda x: -x.context)[:most]:
+        got = e.backend.next_logits(a.seq, a.next_token, a.context)
+        fresh.open(e.s.kv, 1, e.s.ctx_per_agent)
+        for i in range(0, a.context, fresh.max_chunk_tokens):
+            fresh.prefill(0, a.history[i : i + fresh.max_chunk_tokens], i)
+        want = fresh.next_logits(0, a.next_token, a.context)
+        # and the comparison has teeth: the same token after an empty cache is another distribution
+        fresh.open(e.s.kv, 1, e.s.ctx_per_agent)
+        wiped = fresh.next_logits(0, a.next_token, 0)
+        kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
+        KL_SEEN.append((e.s.kv, kl, kl_wiped))
+        print(f"agent {a.id} kv {e.s.kv}: KL {kl:.5f} nats (wiped cache: {kl_wiped:.3f})")
+        assert kl < TOLERANCE_NATS[e.s.kv], f"agent {a.id}: its next-token distribution moved by {kl:.4f} nats"
+        assert kl_wiped > 10 * TOLERANCE_NATS[e.s.kv]
+        checked += 1
+    e.check_caches()
+    return checked
+
+
+def _run(e: Engine, steps: int) -> None:
+    for _ in range(steps):
+        e.step()
+
+
+def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
+    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    _run(e, 30)
+    before = {a.id: a.context for a in e.agents}
+    assert all(before.values())
+    for kv in ("q8_0", "f16"):
+        e.request(kv=kv)
+        r = e.step()
+        assert r.kind == "rebuild" and r.kv_type == kv
+        # the rebuild re-prefilled every history, and nothing else touched the caches
+        assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents)
+        assert r.tokens == sum(a.context for a in e.agents)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
+        _run(e, 5)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
+    assert all(a.context >= before[a.id] or a.tasks > 1 for a in e.agents)
+
+
+def test_cap_change_and_agents_added_and_removed(llama_backend, fresh):
+    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    _run(e, 20)
+    e.request(batch_cap=2)
+    _run(e, 10)
+    assert all(r <= 2 for r in [e.step().batch for _ in range(6)])
+    assert_each_agent_continues_its_own_text(e, fresh)
+    e.request(agents=6)  # more agents than streams: the context is rebuilt with room for them
+    r = e.step()
+    assert r.kind == "rebuild" and e.backend.n_seqs >= 6
+    _run(e, 30)
+    assert len(e.agents) == 6 and all(a.context > 0 for a in e.agents)
+    assert_each_agent_continues_its_own_text(e, fresh)
+    e.request(agents=3)
+    _run(e, 10)
+    assert len(e.agents) == 3
+    assert_each_agent_continues_its_own_text(e, fresh)
+
+
+def test_preemption_under_a_kv_budget_keeps_the_rest(llama_backend, fresh):
+    k = llama_backend.facts.kv_bytes_per_token("f16")
+    e = Engine(llama_backend, EngineSettings(**{**SETTINGS, "kv_budget_bytes": 1100 * k}))
+    preempted = 0
+    for _ in range(160):
+        preempted += len(e.step().preempted)
+    assert preempted
+    assert_each_agent_continues_its_own_text(e, fresh)
+
+
+def test_the_check_catches_a_wiped_cache(llama_backend):
+    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    _run(e, 10)
+    victim = next(a for a in e.agents if a.context)
+    llama_backend.drop(victim.seq)  # what the old probe did after a KV switch
+    with pytest.raises(CacheMismatch, match=f"agent {victim.id}"):
+        e.step()
