@@ -89,7 +89,9 @@ class Engine:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts
-        self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents))
+        # a prefill chunk never exceeds what one backend call may carry
+        self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents),
+                         chunk_tokens=min(settings.chunk_tokens, backend.max_chunk_tokens))
         self.progress = progress or (lambda what, done, total: None)
         self.workload = Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens)
         self.slots = max(self.s.agents, 1)
@@ -255,13 +257,20 @@ class Engine:
         """Every live agent's cells are exactly its history (positions 0..len-1); every other sequence is
         empty. Raises CacheMismatch: a cache that lost or gained tokens makes every later number fiction."""
         used: set[int] = set()
+        bm = self.facts.bytes_model
+        # windowed layers drop cells past their window, and a recurrent state holds only its last position:
+        # there the first position held may be past 0, the last one never differs
+        keeps_all = not bm.has_swa and not bm.state_bytes
         for a in self.agents:
             if a.seq >= self.backend.n_seqs:
                 continue  # added beyond the open streams: it starts at the next rebuild
             used.add(a.seq)
             lo, hi = self.backend.cells(a.seq)
-            want = (0, a.context - 1) if a.context else (-1, -1)
-            if (lo, hi) != want:
+            if not a.context:
+                ok = (lo, hi) == (-1, -1)
+            else:
+                ok = hi == a.context - 1 and (lo == 0 if keeps_all else 0 <= lo <= hi)
+            if not ok:
                 raise CacheMismatch(f"agent {a.id} (sequence {a.seq}, {a.state.value}) has {a.context} tokens of "
                                     f"history but its cache holds positions {lo}..{hi}")
         for seq in range(self.backend.n_seqs):

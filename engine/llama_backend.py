@@ -253,6 +253,8 @@ class LlamaBackend:
     # steps
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         n = len(tokens)
+        if not 0 < n <= self._batch_cap:  # past the batch's arrays llama.cpp would read freed memory
+            raise ValueError(f"a prefill carries 1..{self._batch_cap} tokens (got {n})")
         b = self.batch
         b.n_tokens = n
         for j, tok in enumerate(tokens):

@@ -271,3 +271,42 @@ def test_cli_sweep_prints_the_moe_swa_curve_beside_the_dense_formula():
     assert sim == pytest.approx(model, abs=0.02) and model < 0.5 * dense  # experts: far from 8x at L = 0
     long_sim, long_dense = float(cells[16000][2].rstrip("x")), float(cells[16000][4].rstrip("x"))
     assert long_sim / sim > long_dense / dense  # windows: a slower decay
+
+
+# --- the engine on each family: the cache check holds past the window, across a KV switch ---
+
+@pytest.mark.parametrize("family", ["gemma3", "mamba", "gpt-oss"])
+def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
+    from engine.engine import Engine, EngineSettings
+    from engine.llama_backend import LlamaBackend
+
+    b = LlamaBackend(read_model_facts(tiny_models[family]), n_threads=2, chunk_tokens=CHUNK)
+    try:
+        e = Engine(b, EngineSettings(agents=2, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, check=True))
+        for _ in range(40):
+            e.step()
+        assert max(a.context for a in e.agents) > 64  # past the tiny models' window
+        e.request(kv="q8_0")
+        assert e.step().kind == "rebuild"
+        for _ in range(10):
+            e.step()  # each step checks every cache
+    finally:
+        b.close()
+
+
+def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
+    from engine.llama_backend import LlamaBackend
+
+    msgs = [{"role": "user", "content": "hi"}]
+    gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=2)
+    try:
+        assert "built-in 'gemma'" in gemma.info.settings["chat_template"]
+        assert gemma.chat(msgs, add_assistant=True).startswith("<start_of_turn>user\nhi<end_of_turn>")
+    finally:
+        gemma.close()
+    mamba = LlamaBackend(read_model_facts(tiny_models["mamba"]), n_threads=2)
+    try:
+        assert mamba.info.settings["chat_template"].startswith("ChatML")  # llama.cpp has none for mamba
+        assert mamba.chat(msgs, add_assistant=True).startswith("<|im_start|>user\nhi<|im_end|>")
+    finally:
+        mamba.close()
