@@ -8,13 +8,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.default_model import default_model_path
-from engine.engine import Engine, EngineSettings
-from engine.llama_backend import LlamaBackend
-from engine.model_facts import read_model_facts
-from engine.records import RecordWriter
-from engine.sources import LiveSource
-from tui.app import SwarmApp
+from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.llama_backend import LlamaBackend
+from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.records import RecordWriter
+from swarmtune.engine.sources.live import LiveSource
+from swarmtune.tui.app import SwarmApp
 
 
 def settings(a) -> EngineSettings:

@@ -7,15 +7,15 @@ import argparse
 import asyncio
 import time
 
-from engine.default_model import default_model_path
-from engine.engine import Engine, EngineSettings
-from engine.llama_backend import LlamaBackend
-from engine.model_facts import read_model_facts
-from engine.sources import LiveSource
-from tui.app import SwarmApp
-from tui.widgets.agents import AgentsTable
-from tui.widgets.plots import BytesPlot, SpeedupPlot
-from tui.widgets.status import StatusLine
+from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.llama_backend import LlamaBackend
+from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.sources.live import LiveSource
+from swarmtune.tui.app import SwarmApp
+from swarmtune.tui.widgets.agents import AgentsTable
+from swarmtune.tui.widgets.plots import BytesPlot, SpeedupPlot
+from swarmtune.tui.widgets.status import StatusLine
 
 POLL_S = 0.01
 

@@ -16,12 +16,12 @@ import httpx
 import uvicorn
 from httpx_sse import connect_sse
 
-from engine.default_model import default_model_path
-from engine.engine import Engine, EngineSettings
-from engine.llama_backend import LlamaBackend
-from engine.model_facts import read_model_facts
-from engine.remote.runner import EngineRunner
-from engine.remote.server import make_app
+from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.llama_backend import LlamaBackend
+from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.engine.server.server import make_app
 
 
 def settings(a) -> EngineSettings:

@@ -1,6 +1,3 @@
-"""swarmtune's engine: batched multi-agent decode, byte accounting and step records.
-
-Nothing in this package imports the UI; `tests/test_import_hygiene.py` holds it to that.
-"""
-
-__version__ = "0.1.0"
+"""swarmtune's engine core: batched multi-agent decode on llama.cpp (or simulated), byte accounting,
+step records and power. It imports no source, server, dashboard or CLI (the import contract in
+pyproject.toml holds it to that); `sources/` and `server/` sit above it, inside this folder."""

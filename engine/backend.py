@@ -1,9 +1,10 @@
 """What the engine needs from a decode backend: the real one (llama.cpp) or the simulated one."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.model_facts import ModelFacts
+from swarmtune.engine.model_facts import ModelFacts
 
 
 class NoKVSlot(Exception):
@@ -61,6 +62,9 @@ class Backend(Protocol):
 
     def copy(self, src: int, dst: int) -> None:
         """Make dst's cache a copy of src's."""
+
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        """While set, a long call gives up (raising Interrupted) as soon as should_stop() says so."""
 
     def cells(self, seq: int) -> tuple[int, int]:
         """(first, last) position seq's cache holds; (-1, -1) when it holds none."""

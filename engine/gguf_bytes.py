@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.bytes_model import ByteModel
+from swarmtune.engine.bytes_model import ByteModel
 
 
 @dataclass(frozen=True)

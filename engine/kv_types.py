@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from engine.errors import UserError
+from swarmtune.engine.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -41,4 +41,4 @@ def kv_type(name: str) -> KVType:
     try:
         return KV_TYPES[name]
     except KeyError:
-        raise UserError(f"unknown KV type {name!r}; choose one of {', '.join(KV_TYPES)}") from None
+        raise UserError(f"unknown KV type {name!r}; choose one of {', '.join(KV_TYPES)}", field="kv_type") from None

@@ -9,16 +9,17 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 
 import llama_cpp as ll
 import numpy as np
 
-from engine.backend import BackendInfo, NoKVSlot
-from engine.errors import UserError
-from engine.kv_types import kv_type
-from engine.model_facts import ModelFacts
-from engine.moe_routing import RoutingCounter
+from swarmtune.engine.backend import BackendInfo, NoKVSlot
+from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.model_facts import ModelFacts
+from swarmtune.engine.moe_routing import RoutingCounter
 
 _log_lines: list[str] = []
 _log_kept = 0  # lines kept since the start (a mark for "the lines since ...")
@@ -115,6 +116,7 @@ class LlamaBackend:
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self._prefill_row = None
+        self._abort_cb = None  # kept here: llama.cpp holds only the pointer
         # MoE: distinct experts of the last decode step, per MoE layer (measured through an eval callback)
         want_routing = default_measure_routing() if measure_routing is None else measure_routing
         self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
@@ -302,10 +304,23 @@ class LlamaBackend:
             raise RuntimeError(f"no prefill output for sequence {seq} to sample from")
         return ll.llama_sampler_sample(self._samplers[seq], self.ctx, self._prefill_row[1])
 
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        """While set, a llama_decode in progress gives up as soon as should_stop() says so (llama.cpp asks
+        between graph nodes): a long re-prefill stops at once when the user quits. Costs one Python call
+        per node, so it is set only around long steps."""
+        if should_stop is None:
+            self._abort_cb = None
+            ll.llama_set_abort_callback(self.ctx, ll.ggml_abort_callback(), None)
+            return
+        self._abort_cb = ll.ggml_abort_callback(lambda data: bool(should_stop()))
+        ll.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+
     def _decode(self) -> None:
         rc = ll.llama_decode(self.ctx, self.batch)
         if rc == 1:
             raise NoKVSlot()
+        if rc == 2 and self._abort_cb is not None:
+            raise Interrupted()
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.bytes_model import ByteModel
-from engine.errors import UserError
-from engine.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
-from engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
+from swarmtune.engine.kv_types import KV_TYPES, kv_type
 
 GGUF_MAGIC = b"GGUF"
 

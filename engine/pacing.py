@@ -1,6 +1,9 @@
 """Plays record time (simulated seconds, or a recording's) at wall-clock pace, times a speed."""
 
 import time
+from collections.abc import Callable
+
+SLICE_S = 0.05  # a long wait checks this often whether its caller wants to stop
 
 
 class Pacer:
@@ -23,11 +26,15 @@ class Pacer:
         """Forget the anchor (after a pause or a seek): the next record plays at once."""
         self._t0 = None
 
-    def wait(self, t: float) -> None:
-        """Sleep until the wall clock reaches record time t."""
+    def wait(self, t: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Sleep until the wall clock reaches record time t (or the caller is cancelled)."""
         if self._t0 is None:
             self._t0, self._wall0 = t, time.perf_counter()
             return
         ahead = (t - self._t0) / self._speed - (time.perf_counter() - self._wall0)
-        if ahead > 0:
-            time.sleep(ahead if self.max_sleep_s is None else min(ahead, self.max_sleep_s))
+        if self.max_sleep_s is not None:
+            ahead = min(ahead, self.max_sleep_s)
+        end = time.perf_counter() + ahead
+        while ahead > 0 and not cancelled():
+            time.sleep(min(ahead, SLICE_S))
+            ahead = end - time.perf_counter()

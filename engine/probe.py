@@ -9,7 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from engine.backend import Backend
+from swarmtune.engine.backend import Backend
 
 
 @dataclass(frozen=True)

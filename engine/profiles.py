@@ -7,8 +7,8 @@ W(B) = W and K(L) = L k for a dense model), its power floor + per-agent watts.
 
 from dataclasses import dataclass
 
-from engine.bytes_model import ByteModel
-from engine.errors import UserError
+from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.errors import UserError
 
 
 @dataclass(frozen=True)

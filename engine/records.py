@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from engine.errors import UserError
+from swarmtune.engine.errors import UserError
 
 
 @dataclass

@@ -3,7 +3,7 @@ preemption when the KV budget cannot hold the step. Pure bookkeeping; it never t
 
 from dataclasses import dataclass
 
-from engine.workload import Agent, AgentState
+from swarmtune.engine.workload import Agent, AgentState
 
 
 @dataclass

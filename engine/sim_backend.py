@@ -4,11 +4,12 @@ Everything it produces is simulated; the engine labels it so.
 """
 
 import random
+from collections.abc import Callable
 
-from engine.backend import BackendInfo, CacheMismatch, NoKVSlot
-from engine.kv_types import KV_TYPES, kv_type
-from engine.model_facts import ModelFacts
-from engine.profiles import Profile
+from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.model_facts import ModelFacts
+from swarmtune.engine.profiles import Profile
 
 _WORDS = (
     "def return self if else for in import from class with try except raise None True False the a "
@@ -147,6 +148,9 @@ class SimBackend:
 
     def copy(self, src: int, dst: int) -> None:
         self._len[dst] = self._len.get(src, 0)
+
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        pass  # a simulated step takes no time to compute
 
     def cells(self, seq: int) -> tuple[int, int]:
         n = self._len.get(seq, 0)

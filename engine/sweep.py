@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.backend import Backend
-from engine.bytes_model import ByteModel
-from engine.probe import fill, time_decode
-from engine.speedup import Calibration, predicted_speedup
+from swarmtune.engine.backend import Backend
+from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.probe import fill, time_decode
+from swarmtune.engine.speedup import Calibration, predicted_speedup
 
 CPU_DEFAULT_BATCHES = (1, 2, 4, 8)
 CPU_DEFAULT_CONTEXTS = (64, 512, 2048)

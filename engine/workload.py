@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from engine.backend import Backend
+from swarmtune.engine.backend import Backend
 
 SYSTEM_PROMPT = (
     "You are a coding agent working in a Python repository. Read the tool results, reason briefly, "

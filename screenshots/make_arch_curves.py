@@ -14,9 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.bytes_model import ByteModel  # noqa: E402
-from engine.profiles import profile  # noqa: E402
-from engine.speedup import predicted_speedup  # noqa: E402
+from swarmtune.engine.bytes_model import ByteModel  # noqa: E402
+from swarmtune.engine.profiles import profile  # noqa: E402
+from swarmtune.engine.speedup import predicted_speedup  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 B = 8

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.cli import build_parser, make_engine
-from engine.sources import LiveSource
-from tui.app import SwarmApp
+from swarmtune.cli import build_parser, make_engine
+from swarmtune.engine.sources.live import LiveSource
+from swarmtune.tui.app import SwarmApp
 
 HERE = Path(__file__).resolve().parent
 

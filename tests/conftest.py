@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,18 +10,28 @@ import pytest
 # holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
 os.environ["SWARMTUNE_CHECK"] = "1"
 
-from engine.default_model import default_model_path
-from engine.engine import Engine, EngineSettings
-from engine.profiles import profile
-from engine.sim_backend import SimBackend
+from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = "rx9070xt-qwen3.5-9b"
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "swarmtune", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def until(cond, timeout: float = 20.0, every_s: float = 0.05) -> bool:
+    """Poll cond() until it holds (or the timeout passes); the caller asserts the result."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(every_s)
+    return cond()
 
 
 async def wait_for(pilot, cond, timeout: float = 10.0) -> bool:
@@ -47,8 +58,8 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llama_backend(model_path):
-    from engine.llama_backend import LlamaBackend
-    from engine.model_facts import read_model_facts
+    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
     yield b

@@ -22,7 +22,7 @@ class Served:
 
 
 def start_server(*args: str, port: int = 0, timeout: float = 120) -> Served:
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "swarmtune", "serve", "--port", str(port), *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + timeout
     line = ""

@@ -16,14 +16,14 @@ import pytest
 import tiny_gguf as tg
 from conftest import ROOT
 
-from engine.bytes_model import ByteModel, bytes_model_from_header
-from engine.kv_types import KV_TYPES
-from engine.llama_backend import caches_from_log
-from engine.model_facts import read_model_facts
-from engine.profiles import profile
-from engine.sim_backend import SimBackend
-from engine.speedup import crossover_context, predicted_speedup
-from engine.sweep import run_sweep
+from swarmtune.engine.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.llama_backend import caches_from_log
+from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.speedup import crossover_context, predicted_speedup
+from swarmtune.engine.sweep import run_sweep
 
 MIB = 1024 * 1024
 LOG_MIB = 0.005 * MIB + 1  # llama.cpp logs sizes in MiB with two decimals
@@ -175,7 +175,7 @@ def test_tiny_facts_follow_llama_cpp_layer_rules(tiny_models):
 def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, family):
     import llama_cpp as ll
 
-    from engine.llama_backend import LlamaBackend
+    from swarmtune.engine.llama_backend import LlamaBackend
 
     facts = read_model_facts(tiny_models[family])
     bm = facts.bytes_model
@@ -216,7 +216,7 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
 
 
 def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
-    from engine.llama_backend import LlamaBackend
+    from swarmtune.engine.llama_backend import LlamaBackend
 
     monkeypatch.delenv("SWARMTUNE_MOE_ROUTING", raising=False)
     b = LlamaBackend(read_model_facts(tiny_models["qwen3moe"]), n_threads=1, chunk_tokens=CHUNK)
@@ -232,7 +232,7 @@ def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
 
 
 def test_routing_counter_reads_this_builds_tensor_layout():
-    from engine.moe_routing import GgmlTensor
+    from swarmtune.engine.moe_routing import GgmlTensor
 
     assert ctypes.sizeof(GgmlTensor) == 336  # GGML_TENSOR_SIZE on 64-bit, ggml.h of the vendored llama.cpp
 
@@ -258,7 +258,7 @@ def test_gpt_oss_sim_curve_differs_from_the_dense_formula_as_the_physics_says():
 
 
 def test_cli_sweep_prints_the_moe_swa_curve_beside_the_dense_formula():
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "sweep", "--sim", "rx9070xt-gpt-oss-20b", "--batch", "1,8",
+    r = subprocess.run([sys.executable, "-m", "swarmtune", "sweep", "--sim", "rx9070xt-gpt-oss-20b", "--batch", "1,8",
                         "--contexts", "0,16000", "--steps", "2"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env={**os.environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
@@ -277,8 +277,8 @@ def test_cli_sweep_prints_the_moe_swa_curve_beside_the_dense_formula():
 
 @pytest.mark.parametrize("family", ["gemma3", "mamba", "gpt-oss"])
 def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
-    from engine.engine import Engine, EngineSettings
-    from engine.llama_backend import LlamaBackend
+    from swarmtune.engine.engine import Engine, EngineSettings
+    from swarmtune.engine.llama_backend import LlamaBackend
 
     b = LlamaBackend(read_model_facts(tiny_models[family]), n_threads=2, chunk_tokens=CHUNK)
     try:
@@ -295,7 +295,7 @@ def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
 
 
 def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
-    from engine.llama_backend import LlamaBackend
+    from swarmtune.engine.llama_backend import LlamaBackend
 
     msgs = [{"role": "user", "content": "hi"}]
     gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=2)

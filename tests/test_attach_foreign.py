@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.remote.foreign import (
+from swarmtune.engine.sources.attached import ForeignSource
+from swarmtune.engine.sources.pollers import (
     LlamaServerPoller,
     SlotReading,
     VllmPoller,
@@ -19,11 +20,10 @@ from engine.remote.foreign import (
     parse_samples,
     slot_delta,
 )
-from engine.sources import ForeignSource
-from engine.speedup import predicted_speedup
+from swarmtune.engine.speedup import predicted_speedup
+from swarmtune.tui.app import SwarmApp
 from tests import fixture_server
 from tests.conftest import run_cli
-from tui.app import SwarmApp
 
 LLAMA_METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter

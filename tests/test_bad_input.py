@@ -19,8 +19,9 @@ def _check(out, needle, tmp_path):
     [
         (["--sim", "no-such-card"], "unknown profile"),
         (["--sim", SIM, "--kv", "fp8"], "unknown KV type"),
-        (["--sim", SIM, "--batch-cap", "0"], "batch-cap"),
-        (["--sim", SIM, "--agents", "0"], "--agents"),
+        (["--sim", SIM, "--batch-cap", "0"], "batch cap must be between 1 and 8 (got 0)"),
+        (["--sim", SIM, "--agents", "0"], "agents must be between 1 and 256 (got 0)"),
+        (["--sim", SIM, "--agents", "x"], "--agents must be a whole number"),
         (["--sim", SIM, "--ctx", "100"], "cannot hold one agent turn"),
         (["--sim", SIM, "--agents", "64", "--kv-budget-mb", "1"], "KV budget"),
         (["--sim", SIM, "--steps", "ten"], "--steps"),
@@ -58,3 +59,14 @@ def test_sweep_bad_values(tmp_path):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     out = run_cli("sweep", "--sim", SIM, "--kv", "q9")
     assert out.returncode == 2 and "unknown KV type" in out.stderr
+
+
+def test_one_message_wherever_a_bad_value_comes_from(sim_engine, tmp_path):
+    """A flag, a dashboard key or typed command (Engine.request) and an HTTP body share engine/settings.py."""
+    from swarmtune.engine.errors import UserError
+
+    flag = run_cli("record", "--sim", SIM, "--agents", "300", "-o", str(tmp_path / "x.jsonl"))
+    with pytest.raises(UserError) as typed:
+        sim_engine.request(agents=300)
+    assert flag.stderr.strip() == f"swarmtune: {typed.value}"
+    assert typed.value.field == "agents"

@@ -8,9 +8,9 @@ logits, which a cache of the right length but the wrong content would fail."""
 import numpy as np
 import pytest
 
-from engine.backend import CacheMismatch
-from engine.engine import Engine, EngineSettings
-from engine.workload import AgentState
+from swarmtune.engine.backend import CacheMismatch
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.workload import AgentState
 
 pytestmark = pytest.mark.model
 
@@ -21,8 +21,8 @@ SETTINGS = dict(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=64)
 @pytest.fixture(scope="module")
 def fresh(model_path):
     """A second llama.cpp context on the same model: what an untouched cache computes."""
-    from engine.llama_backend import LlamaBackend
-    from engine.model_facts import read_model_facts
+    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
     yield b

@@ -1,14 +1,16 @@
 """Pilot tests of the dashboard's controls on the sim backend, and one on the real default model."""
 
+import time
+
 import pytest
 
-from engine.engine import Engine, EngineSettings
-from engine.power.meter import ModeledMeter
-from engine.profiles import profile
-from engine.sim_backend import SimBackend
-from engine.sources import LiveSource
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.power.meter import ModeledMeter
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.sources.live import LiveSource
+from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, wait_for
-from tui.app import SwarmApp
 
 
 def sim_app() -> SwarmApp:
@@ -28,8 +30,8 @@ async def test_controls_on_the_sim_backend():
         await pilot.press("K")  # the KV selector
         from textual.widgets import OptionList
         n = app.stats.steps
-        await pilot.pause(0.5)  # the panels keep repainting behind the picker
-        assert app.stats.steps > n and not app._panel_errors
+        assert await wait_for(pilot, lambda: app.stats.steps > n)  # the panels keep repainting behind the picker
+        assert not app._panel_errors
         ol = app.screen.query_one(OptionList)
         ol.highlighted = [o.id for o in ol.options].index("q4_0")
         await pilot.press("enter")
@@ -45,7 +47,7 @@ async def test_controls_on_the_sim_backend():
         await pilot.press("space")
         assert app.paused
         n = app.stats.steps
-        await pilot.pause(0.5)
+        await pilot.pause(0.5)  # a negative check: nothing may arrive for a while
         assert app.stats.steps <= n + 12  # at most what was already in flight
         await pilot.press("space")
         await pilot.press("r")
@@ -65,15 +67,16 @@ async def test_typed_values_and_refusals():
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == 3)
         await pilot.press("colon", *"kv", "space", *"fp8", "enter")
-        await pilot.pause(0.2)
-        assert any("unknown KV type" in n.message for n in app._notifications)
+        assert await wait_for(pilot, lambda: any("unknown KV type" in n.message for n in app._notifications))
         await pilot.press("colon", *"cap", "space", *"99", "enter")
-        await pilot.pause(0.2)
-        assert any("between 1 and" in n.message for n in app._notifications)
+        assert await wait_for(pilot, lambda: any("batch cap must be between 1 and 8 (got 99)" in n.message
+                                                 for n in app._notifications))
+        await pilot.press("colon", *"cap", "space", *"x", "enter")
+        assert await wait_for(pilot, lambda: any("cap needs a whole number" in n.message for n in app._notifications))
         assert app.engine.state().batch_cap == 3 and app.engine.state().kv == "f16"
         for _ in range(5):
             await pilot.press("minus")
-        await pilot.pause(0.2)
+        assert await wait_for(pilot, lambda: any("(got 0)" in n.message for n in app._notifications))
         assert app.engine.state().batch_cap == 1  # refused below 1, left at 1
 
 
@@ -92,7 +95,7 @@ async def test_dashboard_on_the_default_model(llama_backend):
 
 
 async def test_a_kv_switch_shows_its_rebuild_progress():
-    from tui.messages import EngineProgress
+    from swarmtune.tui.messages import EngineProgress
 
     app = sim_app()
     seen: list = []
@@ -104,3 +107,36 @@ async def test_a_kv_switch_shows_its_rebuild_progress():
         assert rebuild and rebuild[-1].done == rebuild[-1].total > 0
         assert "f16 -> q8_0" in app.stats.rebuild_note
         assert app.stop_engine()
+
+
+async def _quit_seconds(app: SwarmApp, pilot) -> float:
+    """Press q; seconds until the source's worker is out of the engine (what the exit waits for)."""
+    t0 = time.perf_counter()
+    await pilot.press("q")
+    assert app.engine_stopped.wait(10)
+    seconds = time.perf_counter() - t0
+    print(f"quit took {seconds:.3f} s")
+    return seconds
+
+
+async def test_quit_just_after_a_kv_switch_is_prompt():
+    app = sim_app()  # the sim plays a rebuild's re-prefill seconds at wall-clock pace
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
+        await pilot.press("k")
+        assert await wait_for(pilot, lambda: app.stats.rebuild_note != "")
+        assert await _quit_seconds(app, pilot) < 0.5
+
+
+@pytest.mark.model
+async def test_quit_mid_rebuild_on_the_real_model(llama_backend):
+    e = Engine(llama_backend, EngineSettings(agents=4, ctx_per_agent=2048, gen_tokens=16, tool_tokens=192,
+                                             reference=False))
+    app = SwarmApp(LiveSource(e))
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest is not None and
+                              sum(a.context for a in app.stats.latest.agents) > 3000, timeout=120)
+        await pilot.press("k")
+        # the re-prefill of ~3,000 tokens runs chunk by chunk: quit in the middle of it
+        assert await wait_for(pilot, lambda: app.query_one("#rebuild").has_class("active"), timeout=30)
+        assert await _quit_seconds(app, pilot) < 0.5

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from engine.backend import NoKVSlot
-from engine.engine import Engine, EngineSettings
-from engine.probe import time_decode
+from swarmtune.engine.backend import NoKVSlot
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.probe import time_decode
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.model

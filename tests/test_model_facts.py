@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from engine.errors import UserError
-from engine.kv_types import KV_TYPES
-from engine.model_facts import read_model_facts
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.model_facts import read_model_facts
 
 
 def test_default_model_weight_and_kv_bytes(model_path):

@@ -9,11 +9,11 @@ import types
 
 import pytest
 
-from engine.errors import UserError
-from engine.power.ledger import EnergyLedger
-from engine.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
-from engine.power.sampler import PowerSampler
-from engine.power.sensors import (
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.power.ledger import EnergyLedger
+from swarmtune.engine.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
+from swarmtune.engine.power.sampler import PowerSampler
+from swarmtune.engine.power.sensors import (
     AmdGpuSensor,
     AmdHwmonSensor,
     NvmlSensor,
@@ -23,9 +23,9 @@ from engine.power.sensors import (
     open_sensor,
     survey,
 )
-from engine.profiles import profile
-from engine.sim_backend import SimBackend
-from engine.sweep import run_sweep
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.sweep import run_sweep
 from tests.conftest import SIM, run_cli
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine.errors import UserError
-from engine.records import read_recording
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import read_recording
 from tests.conftest import ROOT, SIM, run_cli
 
 HEADER_KEYS = {"model", "weight_bytes", "kv_bytes_per_token", "backend", "device", "versions", "settings", "source"}
@@ -66,7 +66,7 @@ def test_garbled_or_empty_recordings(tmp_path):
 
 def test_killed_recorder_loses_at_most_the_last_line(tmp_path):
     path = tmp_path / "k.jsonl"
-    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "record", "--sim", SIM, "--duration", "60",
+    p = subprocess.Popen([sys.executable, "-m", "swarmtune", "record", "--sim", SIM, "--duration", "60",
                           "-o", str(path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline and (not path.exists() or path.stat().st_size < 200_000):

@@ -9,9 +9,10 @@ import time
 import httpx
 import pytest
 
-from engine.remote.client import SwarmClient
-from engine.sources import RemoteSource
-from tests.conftest import SIM, run_cli
+from swarmtune.engine.sources.client import SwarmClient
+from swarmtune.engine.sources.protocol import Sink
+from swarmtune.engine.sources.remote import RemoteSource
+from tests.conftest import SIM, run_cli, until, wait_for
 from tests.remote_helpers import served, start_server
 
 
@@ -25,7 +26,7 @@ def test_info_state_and_metrics(sim_server):
     c = SwarmClient(sim_server.url)
     info = c.info()
     assert info["source"] == "simulated" and info["weight_bytes"] == 5.5e9 and "q8_0" in info["kv_bytes_per_token"]
-    time.sleep(0.5)
+    assert until(lambda: c.state()["step"] is not None)
     st = c.state()
     assert st["step"]["type"] == "step" and st["settings"]["agents"] == 8
     m = httpx.get(sim_server.url + "/metrics").text
@@ -57,10 +58,14 @@ def test_control_and_invalid_bodies(sim_server):
         assert r.status_code == 422, body
         assert field in json.dumps(r.json()["detail"])
     assert c.state()["settings"]["batch_cap"] == 3  # unaffected
+    # the engine's own words, as from a flag or a key
+    r = httpx.post(sim_server.url + "/v1/control", json={"agents": 300})
+    assert r.json()["detail"][0] == {"loc": ["body", "agents"], "msg": "agents must be between 1 and 256 (got 300)",
+                                     "type": "value_error"}
     s = c.control(paused=True)
     assert s["paused"]
     n = c.state()["step"]["step"]
-    time.sleep(0.5)
+    time.sleep(0.5)  # a negative check: no step may come while paused
     assert c.state()["step"]["step"] == n
     c.control(paused=False, batch_cap=8)
 
@@ -72,8 +77,7 @@ def test_a_stuck_client_cannot_stall_the_engine(sim_server):
     sock.sendall(f"GET /v1/steps HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())  # and never read
     c = SwarmClient(sim_server.url)
     n0 = c.state()["step"]["step"]
-    time.sleep(3)
-    assert c.state()["step"]["step"] > n0 + 30
+    assert until(lambda: c.state()["step"]["step"] > n0 + 30, timeout=10)
     sock.close()
 
 
@@ -81,10 +85,10 @@ async def test_a_slow_reader_loses_the_oldest_not_the_engine():
     """The per-client queue is bounded: a reader that does not keep up loses the oldest records."""
     import asyncio
 
-    from engine.engine import Engine, EngineSettings
-    from engine.profiles import profile
-    from engine.remote.runner import EngineRunner
-    from engine.sim_backend import SimBackend
+    from swarmtune.engine.engine import Engine, EngineSettings
+    from swarmtune.engine.profiles import profile
+    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.engine.sim_backend import SimBackend
 
     runner = EngineRunner(Engine(SimBackend(profile(SIM)), EngineSettings(ctx_per_agent=4096, reference=False)),
                           queue_size=8, pace_sim=False)
@@ -110,7 +114,7 @@ def test_the_client_reports_a_gap():
             return {"settings": {"batch_cap": 8, "kv_type": "f16", "agents": 8, "paused": False}}
 
         def steps(self, from_step=None):
-            from engine.records import StepRecord
+            from swarmtune.engine.records import StepRecord
             for i in (0, 1, 2, 7, 8):
                 yield StepRecord(step=i, t=i, kind="decode", batch=1, batch_ids=[0], batch_cap=8, kv_type="f16",
                                  agents=[], weight_bytes=0, kv_bytes=0, seconds=1, tokens=1, source="simulated")
@@ -121,8 +125,7 @@ def test_the_client_reports_a_gap():
 
     src = RemoteSource(Gappy())
     seen = []
-    src.run(emit=seen.extend, cancelled=lambda: src.reconnects > 0, progress=lambda *a: None,
-            on_header=lambda h: None)
+    src.run(Sink(records=seen.extend), cancelled=lambda: src.reconnects > 0)
     assert src.missed == 4 and src.reconnects == 1
 
 
@@ -158,23 +161,15 @@ def test_attach_reconnects_after_the_server_dies_and_resumes():
         got.extend(r.step for r in recs)
         statuses.append(src.status)
 
-    t = threading.Thread(target=src.run, kwargs=dict(emit=emit, cancelled=stop.is_set, progress=lambda *a: None,
-                                                     on_header=lambda h: None), daemon=True)
+    t = threading.Thread(target=src.run, kwargs=dict(sink=Sink(records=emit), cancelled=stop.is_set), daemon=True)
     t.start()
-    deadline = time.time() + 20
-    while len(got) < 20 and time.time() < deadline:
-        time.sleep(0.1)
-    assert len(got) >= 20
+    assert until(lambda: len(got) >= 20)
     s.stop(signal.SIGKILL)  # mid-stream
-    time.sleep(1.5)
-    assert any(x.startswith("disconnected, retrying") for x in statuses)
+    assert until(lambda: any(x.startswith("disconnected, retrying") for x in statuses))
     before = len(got)
     s2 = start_server("--sim", SIM, port=port)
     try:
-        deadline = time.time() + 30
-        while len(got) < before + 20 and time.time() < deadline:
-            time.sleep(0.1)
-        assert len(got) >= before + 20 and src.reconnects >= 1
+        assert until(lambda: len(got) >= before + 20, timeout=30) and src.reconnects >= 1
     finally:
         stop.set()
         src.close()
@@ -216,24 +211,17 @@ def test_serve_the_default_model():
 
 
 async def test_dashboard_attached_to_a_server(sim_server):
-    from tui.app import SwarmApp
+    from swarmtune.tui.app import SwarmApp
 
     src = RemoteSource(SwarmClient(sim_server.url))
     app = SwarmApp(src)
     async with app.run_test(size=(120, 40)) as pilot:
-        for _ in range(100):
-            if app.stats.latest_decode is not None:
-                break
-            await pilot.pause(0.05)
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
         assert app.mode == "REMOTE" and app.stats.header["source"] == "simulated"
         cap = src.state().batch_cap
         await pilot.press("minus")
-        for _ in range(100):
-            if app.stats.latest.batch_cap == cap - 1:
-                break
-            await pilot.pause(0.05)
-        assert app.stats.latest.batch_cap == cap - 1
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == cap - 1)
         assert SwarmClient(sim_server.url).state()["settings"]["batch_cap"] == cap - 1
         await pilot.press("plus")
-        await pilot.pause(0.2)
+        assert await wait_for(pilot, lambda: app.stats.latest.batch_cap == cap)
         assert app.stop_engine()

@@ -2,11 +2,11 @@
 
 import pytest
 
-from engine.errors import UserError
-from engine.records import read_recording
-from engine.sources import ReplaySource
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import read_recording
+from swarmtune.engine.sources.replay import ReplaySource
+from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, run_cli, wait_for
-from tui.app import SwarmApp
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ async def test_replay_controls(recording):
         assert await wait_for(pilot, lambda: app.stats.steps > 20)
         await pilot.press("space")
         assert src.paused
-        await pilot.pause(0.3)
+        assert await wait_for(pilot, lambda: app.stats.steps == src.position)  # what was in flight has arrived
         pos = src.position
         await pilot.press("full_stop")
         assert await wait_for(pilot, lambda: src.position == pos + 1)
@@ -41,8 +41,7 @@ async def test_replay_controls(recording):
         assert app.check_action("cycle_kv", ()) is False  # a replay has no engine controls
         with pytest.raises(UserError, match="read-only"):
             src.request(kv="q8_0")
-        await pilot.press("k")
-        await pilot.pause(0.1)
+        await pilot.press("k")  # not a replay key: no engine control is offered
         assert app.stats.latest.kv_type == "f16"
         assert app.stop_engine()
 
@@ -57,8 +56,7 @@ async def test_replay_of_a_truncated_file(recording, tmp_path):
     app = SwarmApp(src)
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_for(pilot, lambda: src.position == 599, timeout=20)
-        await pilot.pause(0.3)
-        assert app.stats.steps == 599
+        assert await wait_for(pilot, lambda: app.stats.steps == 599)
         assert app.stop_engine()
 
 

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from engine.engine import Engine, EngineSettings
-from engine.errors import UserError
-from engine.profiles import PROFILES, profile
-from engine.sim_backend import SimBackend
-from engine.speedup import crossover_context, predicted_speedup
-from engine.sweep import run_sweep
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.profiles import PROFILES, profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.speedup import crossover_context, predicted_speedup
+from swarmtune.engine.sweep import run_sweep
 from tests.conftest import SIM, run_cli
 
 SEED_TABLE = {2400: 5.6, 4700: 4.5, 6900: 3.8, 16000: 2.6, 55000: 1.6}
@@ -160,7 +160,7 @@ def test_every_profile_lists():
 
 
 def test_sim_cache_is_as_strict_as_a_consistent_llama_cache():
-    from engine.backend import CacheMismatch
+    from swarmtune.engine.backend import CacheMismatch
 
     b = SimBackend(profile(SIM))
     b.open("f16", 2, 64)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from engine.records import read_recording
-from engine.sources import ReplaySource
+from swarmtune.engine.records import read_recording
+from swarmtune.engine.sources.replay import ReplaySource
+from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, run_cli
-from tui.app import SwarmApp
 
 
 @pytest.fixture(scope="module")

@@ -12,19 +12,20 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, ProgressBar
 
-from engine.errors import UserError
-from engine.kv_types import KV_TYPES
-from engine.records import StepRecord
-from engine.sources import UI_INTERVAL_S, ForeignSource, LiveSource, RemoteSource, ReplaySource
-from tui.kv_picker import KVPicker
-from tui.messages import EngineFailed, EngineProgress, StepsArrived
-from tui.stats import Stats
-from tui.widgets.agents import AgentsTable
-from tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
-from tui.widgets.power import PowerPanel
-from tui.widgets.status import StatusLine
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.settings import whole_number
+from swarmtune.engine.sources.protocol import Sink, Source
+from swarmtune.tui.kv_picker import KVPicker
+from swarmtune.tui.messages import EngineFailed, EngineProgress, StepsArrived
+from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.agents import AgentsTable
+from swarmtune.tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
+from swarmtune.tui.widgets.power import PowerPanel
+from swarmtune.tui.widgets.status import StatusLine
 
 KV_CYCLE = ("f16", "q8_0", "q4_0")
+UI_INTERVAL_S = 0.1  # at most ~10 batches of records a second reach the UI
 # How often each panel repaints at most: numbers often, plots (the costly renders) about once a second.
 PANEL_INTERVAL_S = {StatusLine: 0.25, AgentsTable: 0.5, PowerPanel: 0.5, BatchPlot: 1.0, BytesPlot: 1.0,
                     SpeedupPlot: 2.0}
@@ -59,7 +60,7 @@ class SwarmApp(App):
         Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, source: LiveSource | ReplaySource | RemoteSource | ForeignSource, animate: bool = True) -> None:
+    def __init__(self, source: Source, animate: bool = True) -> None:
         super().__init__()
         self.source = source
         self.stats = Stats()
@@ -68,6 +69,7 @@ class SwarmApp(App):
         self._animate = animate  # snapshot tests freeze the source
         self.engine_stopped = threading.Event()  # set once the worker has left the source for good
         self._panel_errors: set[type] = set()
+        self._switch_interval_s = sys.getswitchinterval()
         self._painted: dict[type, float] = {}
         self._force_status = True  # a pause, a seek or a status change shows at once
 
@@ -98,6 +100,7 @@ class SwarmApp(App):
     def on_mount(self) -> None:
         # The engine thread gives up the GIL at every llama.cpp call and must win it back from the UI;
         # a shorter switch interval (default 5 ms) gets it back sooner.
+        self._switch_interval_s = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)
         self.query_one("#command").display = False
         self.query_one("#agents-box").focus()  # not the hidden command box, which would swallow the keys
@@ -114,28 +117,25 @@ class SwarmApp(App):
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
-        kw = {}
-        if isinstance(self.source, ReplaySource):
-            kw["on_seek"] = lambda before: self.call_from_thread(self._rebuild_stats, before)
+        sink = Sink(
+            records=lambda recs: self.post_message(StepsArrived(recs)),
+            header=lambda h: self.call_from_thread(self._set_header, h),
+            progress=lambda what, done, total: self.post_message(EngineProgress(what, done, total)),
+            seeked=lambda before: self.call_from_thread(self._rebuild_stats, before),
+            every_s=UI_INTERVAL_S,
+        )
         try:
-            self.source.run(
-                emit=lambda recs: self.post_message(StepsArrived(recs)),
-                cancelled=lambda: worker.is_cancelled,
-                progress=lambda what, done, total: self.post_message(EngineProgress(what, done, total)),
-                on_header=lambda h: self.call_from_thread(self._set_header, h),
-                **kw,
-            )
+            self.source.run(sink, cancelled=lambda: worker.is_cancelled)
         except Exception as e:  # shown on screen, never a traceback
             self.post_message(EngineFailed(f"{type(e).__name__}: {e}"))
         finally:
             self.engine_stopped.set()
 
     def stop_engine(self, timeout_s: float = 30.0) -> bool:
-        """Cancel the worker and wait until it is out of llama_decode: freeing the context under a
+        """Cancel the worker and wait until it is out of the source: freeing a llama.cpp context under a
         running decode crashes the process."""
         self.workers.cancel_all()
-        if isinstance(self.source, RemoteSource | ForeignSource):
-            self.source.close()  # unblocks a read waiting on the network
+        self.source.stop()
         return self.engine_stopped.wait(timeout_s)
 
     CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command"}
@@ -144,13 +144,13 @@ class SwarmApp(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """The footer fits the source: a replay shows its own keys instead of the engine's controls; an
         attached read-only engine shows the controls disabled (dimmed)."""
-        replay = isinstance(self.source, ReplaySource)
+        caps = self.source.capabilities
         if action in self.REPLAY_ACTIONS:
-            return replay
+            return caps.seek
         if action in self.CONTROL_ACTIONS:
-            if replay:
+            if caps.seek:
                 return False
-            if self.source.read_only:
+            if not caps.controls:
                 return None
         return True
 
@@ -206,13 +206,7 @@ class SwarmApp(App):
             return
         self._dirty = False
         s = self.stats
-        extra = s.rebuild_note
-        if isinstance(self.source, ReplaySource):
-            n = len(self.source.rec.steps)
-            extra = f"step {self.source.position}/{n} at {self.source.speed:g}x" + (
-                " (last line was cut)" if self.source.rec.skipped_partial else "")
-        elif getattr(self.source, "status", ""):
-            extra = self.source.status
+        extra = self.source.status or s.rebuild_note
         now = time.monotonic()
         if now - self._painted.get(StatusLine, 0.0) >= PANEL_INTERVAL_S[StatusLine] or self._force_status:
             self._painted[StatusLine] = now
@@ -267,8 +261,8 @@ class SwarmApp(App):
             self.notify(str(e), severity="error")
         self._dirty = self._force_status = True
 
-    def _replay(self) -> ReplaySource | None:
-        if isinstance(self.source, ReplaySource):
+    def _replay(self):
+        if self.source.capabilities.seek:
             return self.source
         self.notify("only a replay can step, seek or change speed", severity="warning")
         return None
@@ -294,7 +288,7 @@ class SwarmApp(App):
         self.notify("statistics reset", timeout=2)
 
     def action_help(self) -> None:
-        self.notify(REPLAY_HELP if isinstance(self.source, ReplaySource) else LIVE_HELP, title="keys", timeout=10)
+        self.notify(REPLAY_HELP if self.source.capabilities.seek else LIVE_HELP, title="keys", timeout=10)
 
     def action_command(self) -> None:
         box = self.query_one("#command", Input)
@@ -310,15 +304,12 @@ class SwarmApp(App):
             return
         what, value = parts
         if what == "kv":
-            if value not in KV_TYPES:
-                self.notify(f"unknown KV type {value!r}; choose one of {', '.join(KV_TYPES)}", severity="error")
-                return
-            self._control(kv=value)
+            self._control(kv=value)  # the source checks it, as it checks a flag or an HTTP body
             return
         try:
-            n = int(value)
-        except ValueError:
-            self.notify(f"{what} needs a whole number (got {value!r})", severity="error")
+            n = whole_number(what, value)
+        except UserError as e:
+            self.notify(str(e), severity="error")
             return
         self._control(**({"batch_cap": n} if what == "cap" else {"agents": n}))
 
@@ -334,9 +325,11 @@ class SwarmApp(App):
 
     def on_unmount(self) -> None:
         self.workers.cancel_all()
+        sys.setswitchinterval(self._switch_interval_s)  # a process-wide setting: give it back
 
 
-def run_app(source: LiveSource | ReplaySource | RemoteSource | ForeignSource) -> int:
+def run_app(source: Source) -> int:
+    """The dashboard on a ready source, until the user quits; the source is closed after."""
     app = SwarmApp(source)
     try:
         app.run()
@@ -345,22 +338,3 @@ def run_app(source: LiveSource | ReplaySource | RemoteSource | ForeignSource) ->
         if app.stop_engine():
             source.close()
     return 0
-
-
-def run_dashboard(args) -> int:
-    from engine.cli import make_engine
-
-    return run_app(LiveSource(make_engine(args)))
-
-
-def run_attach(source: RemoteSource | ForeignSource) -> int:
-    return run_app(source)
-
-
-def run_replay(path: str, speed: float = 1.0) -> int:
-    from engine.records import read_recording
-
-    rec = read_recording(path)
-    if not rec.steps:
-        raise UserError(f"{path}: the recording has no steps")
-    return run_app(ReplaySource(rec, speed))

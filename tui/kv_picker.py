@@ -6,7 +6,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from engine.kv_types import KV_TYPES
+from swarmtune.engine.kv_types import KV_TYPES
 
 
 class KVPicker(ModalScreen[str | None]):

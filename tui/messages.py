@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from engine.records import StepRecord
+from swarmtune.engine.records import StepRecord
 
 
 @dataclass

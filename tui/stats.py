@@ -4,7 +4,7 @@ Pure Python (no widgets), so replay, attach and the live engine share it."""
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.records import StepRecord
+from swarmtune.engine.records import StepRecord
 
 HISTORY = 240
 WINDOW_S = 5.0

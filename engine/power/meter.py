@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
-from engine.errors import UserError
-from engine.power.sampler import PowerSampler
-from engine.power.sensors import SENSORS, SensorError, open_sensor
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.power.sampler import PowerSampler
+from swarmtune.engine.power.sensors import SENSORS, SensorError, open_sensor
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.power.sensors import Sensor, SensorError
+from swarmtune.engine.power.sensors import Sensor, SensorError
 
 
 class PowerSampler:

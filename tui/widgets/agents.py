@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.stats import Stats
+from swarmtune.tui.stats import Stats
 
 STATE_STYLE = {"decoding": "green", "waiting": "yellow", "prefilling": "cyan", "preempted": "red", "idle": "dim"}
 BAR = 8

@@ -4,10 +4,10 @@ import math
 
 from textual_plotext import PlotextPlot
 
-from engine.bytes_model import ByteModel, bytes_model_from_header
-from engine.speedup import Fit
-from tui.stats import Stats
-from tui.widgets.status import human_bytes
+from swarmtune.engine.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.speedup import Fit
+from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.status import human_bytes
 
 
 class _Plot(PlotextPlot):

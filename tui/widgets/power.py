@@ -1,7 +1,7 @@
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.stats import Stats
+from swarmtune.tui.stats import Stats
 
 
 class PowerPanel(Static):

@@ -1,4 +1,6 @@
-"""The `swarmtune` command. Bad input ends in one line on stderr and exit status 2, never a traceback."""
+"""The `swarmtune` command, the top layer: it builds a source (a live engine, a recording, a remote
+engine) and hands it to the dashboard, `record` or `serve`. Bad input ends in one line on stderr and
+exit status 2, never a traceback."""
 
 import argparse
 import os
@@ -9,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from engine.errors import UserError
+import swarmtune
+from swarmtune.engine.errors import UserError
 
 EXIT_BAD_INPUT = 2
 
@@ -32,6 +35,15 @@ def _positive_int(name: str) -> Callable[[str], int]:
     return parse
 
 
+def _whole(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+    return parse
+
+
 def _int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -46,8 +58,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     g.add_argument("--sim", metavar="PROFILE", help="no model: simulate a hardware profile ('swarmtune profiles')")
-    g.add_argument("--agents", type=_positive_int("--agents"), default=8)
-    g.add_argument("--batch-cap", type=int, default=None, help="agents per decode step (default: all)")
+    # agents and the batch cap are checked with the engine's own words (engine/settings.py)
+    g.add_argument("--agents", type=_whole("--agents"), default=8)
+    g.add_argument("--batch-cap", type=_whole("--batch-cap"), default=None,
+                   help="agents per decode step (default: all)")
     g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
@@ -84,8 +98,9 @@ def remote_source(args: argparse.Namespace):
     """A source for whatever engine answers at args.url."""
     import httpx
 
-    from engine.remote.foreign import LlamaServerPoller, VllmPoller, detect
-    from engine.sources import ForeignSource, RemoteSource
+    from swarmtune.engine.sources.attached import ForeignSource
+    from swarmtune.engine.sources.pollers import LlamaServerPoller, VllmPoller, detect
+    from swarmtune.engine.sources.remote import RemoteSource
 
     url = args.url if "://" in args.url else f"http://{args.url}"
     token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
@@ -94,7 +109,7 @@ def remote_source(args: argparse.Namespace):
     except httpx.HTTPError as e:
         raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
     if kind == "swarmtune":
-        from engine.remote.client import SwarmClient
+        from swarmtune.engine.sources.client import SwarmClient
 
         client = SwarmClient(url, token)
         try:
@@ -106,7 +121,7 @@ def remote_source(args: argparse.Namespace):
         raise UserError(f"{url} is not swarmtune serve, llama-server or vLLM (no /v1/info, /slots or vllm: metrics)")
     w, k, bm = args.weight_bytes, args.kv_bytes_per_token, None
     if args.gguf:
-        from engine.model_facts import read_model_facts
+        from swarmtune.engine.model_facts import read_model_facts
 
         facts = read_model_facts(args.gguf)
         w = w or facts.weight_bytes
@@ -119,6 +134,7 @@ def remote_source(args: argparse.Namespace):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="swarmtune", description="Tune an agent swarm that shares one GPU (or CPU).")
+    p.add_argument("--version", action="version", version=f"swarmtune {swarmtune.__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="the live dashboard (the default)")
     add_engine_flags(run)
@@ -159,29 +175,35 @@ def make_backend(args: argparse.Namespace):
     if args.sim and args.model:
         raise UserError("give --model or --sim, not both")
     if args.sim:
-        from engine.profiles import profile
-        from engine.sim_backend import SimBackend
+        from swarmtune.engine.profiles import profile
+        from swarmtune.engine.sim_backend import SimBackend
 
         return SimBackend(profile(args.sim))
-    from engine.default_model import default_model_path
-    from engine.model_facts import read_model_facts
+    from swarmtune.engine.default_model import default_model_path
+    from swarmtune.engine.model_facts import read_model_facts
 
     facts = read_model_facts(args.model or default_model_path())
     try:
-        from engine.llama_backend import LlamaBackend
+        from swarmtune.engine.llama_backend import LlamaBackend
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
     return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
                         measure_routing=True if getattr(args, "moe_routing", False) else None)
 
 
-def engine_settings(args: argparse.Namespace, backend):
-    from engine.engine import EngineSettings, check_default
-    from engine.kv_types import kv_type
+def check_flags(args: argparse.Namespace) -> None:
+    """The settings flags, checked before a model loads, in the engine's own words."""
+    from swarmtune.engine.settings import check_agents, check_batch_cap, check_kv
 
-    kv_type(args.kv)
-    if args.batch_cap is not None and args.batch_cap < 1:
-        raise UserError(f"--batch-cap must be at least 1 (got {args.batch_cap})")
+    check_kv(args.kv)
+    check_agents(args.agents)
+    if args.batch_cap is not None:
+        check_batch_cap(min(args.batch_cap, args.agents), args.agents)
+
+
+def engine_settings(args: argparse.Namespace, backend):
+    from swarmtune.engine.settings import EngineSettings, check_default
+
     prof = getattr(backend, "profile", None)
     ctx = args.ctx or (prof.context_per_agent if prof else min(2048, backend.facts.n_ctx_train or 2048))
     budget = args.kv_budget_mb * 1e6 if args.kv_budget_mb is not None else (prof.kv_budget_bytes if prof else None)
@@ -193,9 +215,10 @@ def engine_settings(args: argparse.Namespace, backend):
 
 
 def make_engine(args: argparse.Namespace, progress=None):
-    from engine.engine import Engine
-    from engine.power.meter import make_meter
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.power.meter import make_meter
 
+    check_flags(args)
     backend = make_backend(args)
     try:
         settings = engine_settings(args, backend)
@@ -207,7 +230,7 @@ def make_engine(args: argparse.Namespace, progress=None):
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from engine.profiles import PROFILES
+    from swarmtune.engine.profiles import PROFILES
 
     for p in PROFILES.values():
         print(f"{p.name:24} {p.description}")
@@ -218,7 +241,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_power(args: argparse.Namespace) -> int:
-    from engine.power.sensors import survey
+    from swarmtune.engine.power.sensors import survey
 
     for a in survey(args.sysfs_root):
         print(f"{a.name:8} {'available' if a.available else 'n/a':10} {a.reason}")
@@ -241,7 +264,8 @@ def cmd_record_attached(args: argparse.Namespace) -> int:
     """Record a remote engine: its header (plus where it came from), then its steps as they arrive."""
     from rich.console import Console
 
-    from engine.records import RecordWriter
+    from swarmtune.engine.records import RecordWriter
+    from swarmtune.engine.sources.protocol import Sink
 
     out = Path(args.output)
     if out.is_dir() or not out.parent.exists():
@@ -262,20 +286,20 @@ def cmd_record_attached(args: argparse.Namespace) -> int:
 
     def on_header(h: dict) -> None:
         if not state["opened"]:
-            writer.open({**h, "attached": source.poller.url if hasattr(source, "poller") else source.client.url})
+            writer.open({**h, "attached": args.url})
             state["opened"] = True
 
-    def emit(recs) -> None:
+    def on_records(recs) -> None:
         for r in recs:
             if done():
                 return
             writer.write(r)
             state["n"] += 1
-        if getattr(source, "status", ""):
+        if source.status:
             console.print(source.status)
 
     try:
-        source.run(emit=emit, cancelled=done, progress=lambda *a: None, on_header=on_header)
+        source.run(Sink(records=on_records, header=on_header), cancelled=done)
     except KeyboardInterrupt:
         pass
     finally:
@@ -291,7 +315,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.records import RecordWriter, remove_quietly
+    from swarmtune.engine.records import RecordWriter, remove_quietly
+    from swarmtune.engine.sources.live import LiveSource
+    from swarmtune.engine.sources.protocol import Sink
 
     out = Path(args.output)
     if out.is_dir():
@@ -302,33 +328,38 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise UserError(f"--duration must be positive (got {args.duration})")
     console = Console(stderr=True)
     engine = make_engine(args)
+    source = LiveSource(engine, pace_sim=False)  # headless: as fast as the engine steps
     writer = RecordWriter(out)
     flag = _stop_on_signals()
+    total = args.steps
+    cols = [TextColumn("[bold]recording"), BarColumn(), TextColumn("{task.completed} steps"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn()]
+    state = {"n": 0, "decoded": 0, "t0": time.perf_counter()}
+
+    def done() -> bool:
+        if flag["stop"] or (total is not None and state["n"] >= total):
+            return True
+        return args.duration is not None and time.perf_counter() - state["t0"] >= args.duration
+
     try:
-        with console.status("starting the engine (timing the batch-1 reference)..."):
-            engine.start()
-        writer.open(engine.header())
-        total = args.steps
-        cols = [TextColumn("[bold]recording"), BarColumn(), TextColumn("{task.completed} steps"),
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn()]
         with Progress(*cols, console=console, transient=False) as prog:
             task = prog.add_task("rec", total=total or args.duration, rate="")
-            t0 = time.perf_counter()
-            n = decoded = 0
-            while not flag["stop"]:
-                if total is not None and n >= total:
-                    break
-                elapsed = time.perf_counter() - t0
-                if args.duration is not None and elapsed >= args.duration:
-                    break
-                rec = engine.step()
-                writer.write(rec)
-                n += 1
-                if rec.kind == "decode":
-                    decoded += rec.tokens
-                if n % 8 == 0 or total is not None:
-                    done = n if total is not None else min(elapsed, args.duration or elapsed)
-                    prog.update(task, completed=done, rate=f"{decoded / max(elapsed, 1e-9):.1f} tok/s")
+
+            def on_records(recs) -> None:
+                for r in recs:  # one at a time (every_s 0): each line is flushed as it is written
+                    writer.write(r)
+                    state["n"] += 1
+                    state["decoded"] += r.tokens if r.kind == "decode" else 0
+                elapsed = time.perf_counter() - state["t0"]
+                if state["n"] % 8 == 0 or total is not None:
+                    shown = state["n"] if total is not None else min(elapsed, args.duration or elapsed)
+                    prog.update(task, completed=shown, rate=f"{state['decoded'] / max(elapsed, 1e-9):.1f} tok/s")
+
+            def on_header(h: dict) -> None:
+                writer.open(h)
+                state["t0"] = time.perf_counter()
+
+            source.run(Sink(records=on_records, header=on_header), cancelled=done)
     except KeyboardInterrupt:
         pass
     except UserError:
@@ -346,8 +377,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from engine.kv_types import kv_type
-    from engine.sweep import (
+    from swarmtune.engine.kv_types import kv_type
+    from swarmtune.engine.sweep import (
         CPU_DEFAULT_BATCHES,
         CPU_DEFAULT_CONTEXTS,
         crossover_note,
@@ -372,7 +403,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if limit and max(contexts) + args.steps + 8 > limit and not args.sim:
         backend.close()
         raise UserError(f"context {max(contexts)} exceeds the model's trained context ({limit})")
-    from engine.power.meter import make_meter
+    from swarmtune.engine.power.meter import make_meter
 
     try:
         meter = make_meter(args.power, getattr(backend, "profile", None))
@@ -424,12 +455,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _dashboard(source) -> int:
+    """The dashboard on a ready source (it owns the source from here and closes it)."""
     try:
-        from tui.app import run_dashboard
+        from swarmtune.tui.app import run_app
     except ImportError as e:
+        source.close()
         raise UserError(f"the dashboard needs textual ({e}); 'swarmtune record' runs headless") from None
-    return run_dashboard(args)
+    return run_app(source)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from swarmtune.engine.sources.live import LiveSource
+
+    return _dashboard(LiveSource(make_engine(args)))
 
 
 def _check_can_listen(host: str, port: int) -> None:
@@ -454,8 +493,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from engine.remote.runner import EngineRunner
-    from engine.remote.server import is_loopback, make_app
+    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.engine.server.server import is_loopback, make_app
 
     token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -490,25 +529,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    source = remote_source(args)
-    try:
-        from tui.app import run_attach
-    except ImportError as e:
-        raise UserError(f"the dashboard needs textual ({e})") from None
-    return run_attach(source)
+    return _dashboard(remote_source(args))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from engine.records import read_recording
+    from swarmtune.engine.records import read_recording
 
     if args.speed <= 0:
         raise UserError(f"--speed must be positive (got {args.speed})")
-    read_recording(args.file)  # bad files fail here, before the screen is taken
-    try:
-        from tui.app import run_replay
-    except ImportError as e:
-        raise UserError(f"the dashboard needs textual ({e})") from None
-    return run_replay(args.file, args.speed)
+    from swarmtune.engine.sources.replay import ReplaySource
+
+    rec = read_recording(args.file)  # bad files fail here, before the screen is taken
+    if not rec.steps:
+        raise UserError(f"{args.file}: the recording has no steps")
+    return _dashboard(ReplaySource(rec, args.speed))
 
 
 COMMANDS = {
@@ -520,7 +554,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]
     args = parser.parse_args(argv)
     try:

@@ -5,13 +5,13 @@ stuck client can never stall the engine (the client sees the gap in step indexes
 
 import asyncio
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.engine import Engine
-from engine.pacing import Pacer
-from engine.records import StepRecord
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.sources.live import LiveSource
+from swarmtune.engine.sources.protocol import Sink
 
 WINDOW_S = 5.0
 
@@ -59,14 +59,14 @@ class Rolling:
 class EngineRunner:
     def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True) -> None:
         self.engine = engine
-        self.paused = False
+        # simulated time at wall-clock pace, unless a benchmark wants the engine's full rate
+        self.source = LiveSource(engine, pace_sim=pace_sim)
         self.history: deque[tuple[int, str]] = deque(maxlen=history)
         self.latest: StepRecord | None = None
         self.latest_decode: StepRecord | None = None
         self.header: dict = {}
         self.rolling = Rolling()
         self.queue_size = queue_size
-        self.pace_sim = pace_sim
         self.error: str | None = None
         self.ready = threading.Event()
         self._subs: set[Subscriber] = set()
@@ -77,35 +77,38 @@ class EngineRunner:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def paused(self) -> bool:
+        return self.source.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.source.paused = value
+
     def _run(self) -> None:
         try:
-            self.engine.start()
-            self.header = self.engine.header()
-            self.ready.set()
-            # simulated time at wall-clock pace (unless a benchmark wants the engine's full rate)
-            pacer = Pacer() if self.engine.backend.source == "simulated" and self.pace_sim else None
-            while not self._stop.is_set():
-                if self.paused:
-                    time.sleep(0.02)
-                    if pacer:
-                        pacer.reset()
-                    continue
-                r = self.engine.step()
-                line = r.to_json()
-                with self._lock:
-                    self.history.append((r.step, line))
-                    self.latest = r
-                    if r.kind == "decode":
-                        self.latest_decode = r
-                    self.rolling.add(r)
-                    subs = list(self._subs)
-                for s in subs:
-                    s.push((r.step, line))
-                if pacer:
-                    pacer.wait(r.t)
+            self.source.run(Sink(records=self._publish, header=self._started), cancelled=self._stop.is_set)
         except Exception as e:  # reported through /v1/state, never a dead thread in silence
             self.error = f"{type(e).__name__}: {e}"
+        finally:
             self.ready.set()
+
+    def _started(self, header: dict) -> None:
+        self.header = header
+        self.ready.set()
+
+    def _publish(self, records: list[StepRecord]) -> None:
+        for r in records:
+            line = r.to_json()
+            with self._lock:
+                self.history.append((r.step, line))
+                self.latest = r
+                if r.kind == "decode":
+                    self.latest_decode = r
+                self.rolling.add(r)
+                subs = list(self._subs)
+            for s in subs:
+                s.push((r.step, line))
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop stepping and wait for the step in flight: the engine is freed only after."""

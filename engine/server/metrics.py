@@ -3,7 +3,7 @@
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from engine.remote.runner import EngineRunner
+from swarmtune.engine.server.runner import EngineRunner
 
 
 class EngineCollector(Collector):

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 import httpx
 from httpx_sse import connect_sse
 
-from engine.errors import UserError
-from engine.records import StepRecord, step_from_dict
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import StepRecord, step_from_dict
 
 
 class SwarmClient:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.bytes_model import ByteModel
-from engine.errors import UserError
-from engine.records import AgentView, StepRecord
-from engine.speedup import Calibration, predicted_speedup
+from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.speedup import Calibration, predicted_speedup
 
 
 @dataclass(frozen=True)

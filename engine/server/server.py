@@ -16,19 +16,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from engine.errors import UserError
-from engine.kv_types import KV_TYPES
-from engine.remote.metrics import make_registry
-from engine.remote.runner import EngineRunner
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.server.metrics import make_registry
+from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.engine.settings import MAX_AGENTS
 
 OPEN_PATHS = ("/metrics",)
 
 
 class ControlBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # 0 is not false, "3" is not 3
-    batch_cap: int | None = Field(default=None, ge=1, le=256, description="at most the number of agents")
+    # the ranges are documented here and checked by the engine (engine/settings.py), so a bad value reads
+    # the same line here as from a flag, a key or a typed command
+    batch_cap: int | None = Field(default=None, description="at most the number of agents",
+                                  json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
     kv_type: str | None = Field(default=None, json_schema_extra={"enum": list(KV_TYPES)})
-    agents: int | None = Field(default=None, ge=1, le=256)
+    agents: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
     paused: bool | None = None
 
 
@@ -140,17 +144,12 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
     @app.post("/v1/control", response_model=Settings, summary="change batch cap, KV type, agents or pause",
               responses={400: {"description": "the body is not JSON"}})
     async def control(body: ControlBody):
-        if body.kv_type is not None and body.kv_type not in KV_TYPES:
-            return _invalid("kv_type", f"unknown KV type; choose one of {', '.join(KV_TYPES)}")
         st = runner.engine.state()
-        agents = body.agents if body.agents is not None else st.agents
-        if body.batch_cap is not None and body.batch_cap > agents:
-            return _invalid("batch_cap", f"must be between 1 and the number of agents ({agents})")
-        try:
+        try:  # validated by the engine, in one place: the same line as from a flag, a key or a typed command
             if body.batch_cap is not None or body.kv_type is not None or body.agents is not None:
                 st = runner.engine.request(batch_cap=body.batch_cap, kv=body.kv_type, agents=body.agents)
         except UserError as e:
-            return _invalid("body", str(e))
+            return _invalid(e.field or "body", str(e))
         if body.paused is not None:
             runner.paused = body.paused
         return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, paused=runner.paused)

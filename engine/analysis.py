@@ -1,0 +1,76 @@
+"""What a step means beyond what it did: the byte model's prediction, the step-time fit, the batch-1
+reference a measured speedup divides by, and the energy ledger. The engine says what a step did; this
+unit annotates it, one fit and one reference per KV cache type (the step time depends on it)."""
+
+from swarmtune.engine.model_facts import ModelFacts
+from swarmtune.engine.power.ledger import EnergyLedger
+from swarmtune.engine.power.meter import StepPower
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.speedup import BatchOneReference, Calibration
+
+REFIT_EVERY_STEPS = 16
+# A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
+# contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
+REFERENCE_EVERY_STEPS_WARMUP = 8
+REFERENCE_EVERY_STEPS = 64
+REFERENCE_WARM_SAMPLES = 6
+
+
+class StepAnalysis:
+    def __init__(self, facts: ModelFacts, source: str, watts_at) -> None:
+        self.bytes_model = facts.bytes_model
+        self.watts_at = watts_at  # a modeled meter's watts per batch; None for a sensor
+        self.how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
+                    f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), median per context bucket, interpolated"
+                    if source == "measured" else
+                    "simulated: batch-1 steps of the profile's roofline interleaved in the run")
+        self.ledger = EnergyLedger()
+        self._calibrations: dict[str, Calibration] = {}
+        self._references: dict[str, BatchOneReference] = {}
+        self._decodes = 0
+
+    def calibration(self, kv: str) -> Calibration:
+        return self._calibrations.setdefault(kv, Calibration())
+
+    def reference(self, kv: str) -> BatchOneReference:
+        return self._references.setdefault(kv, BatchOneReference(self.how))
+
+    def reference_due(self, kv: str, contexts: list[int], steps_since: int) -> bool:
+        """Whether the next decode step should run one agent alone to time the batch-1 reference."""
+        if len(contexts) < 2:
+            return False
+        ref = self.reference(kv)
+        mean_ctx = sum(contexts) / len(contexts)
+        cold = ref.samples < REFERENCE_WARM_SAMPLES or not ref.covers(mean_ctx)
+        return steps_since >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
+
+    def annotate(self, rec: StepRecord, contexts: list[int], distinct_experts: float | None,
+                 power: StepPower | None) -> None:
+        """Adds to a decode step's record what its numbers imply (all modeled but measured_speedup)."""
+        b, kv, seconds = rec.batch, rec.kv_type, rec.seconds
+        if rec.kind != "decode" or not b:
+            return
+        mean_ctx = rec.mean_context
+        if power is not None:
+            self.ledger.add(b, power.joules, rec.tokens, seconds)
+        rec.predicted_speedup = self.bytes_model.speedup_mixed(contexts, kv, distinct_experts)
+        cal = self.calibration(kv)
+        cal.add(b, sum(contexts), seconds)
+        if self._decodes % REFIT_EVERY_STEPS == 0 or cal.fit is None:
+            cal.refit()
+        self._decodes += 1
+        fit = cal.fit
+        if fit is not None:
+            rec.calibrated_speedup = fit.speedup(b, mean_ctx)
+            rec.fit = [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error]
+        ref = self.reference(kv)
+        if b == 1:
+            ref.add(mean_ctx, seconds)
+        elif ref.covers(mean_ctx) and seconds > 0:
+            rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
+        if fit is not None and power is not None:
+            # a modeled meter knows watts per batch; for a sensor the ledger fits them from this run
+            m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), self.watts_at)
+            if m is not None:
+                rec.next_agent_joules_per_token = m.joules_per_token_next
+                rec.modeled_joules_per_token = m.joules_per_token_now

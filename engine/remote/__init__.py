@@ -1,1 +1,0 @@
-"""Remote engines: serve this engine over HTTP, and read engines elsewhere (swarmtune, llama-server, vLLM)."""

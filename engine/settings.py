@@ -1,0 +1,74 @@
+"""What an engine runs with, and the one place a value is checked: a bad value reads the same line
+whether it came from a flag, a key, a typed command or an HTTP body."""
+
+import os
+from dataclasses import dataclass, field
+
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVType, kv_type
+
+MAX_AGENTS = 256
+
+
+def check_default() -> bool:
+    return os.environ.get("SWARMTUNE_CHECK", "0") == "1"
+
+
+def check_agents(n: int) -> int:
+    if not 1 <= n <= MAX_AGENTS:
+        raise UserError(f"agents must be between 1 and {MAX_AGENTS} (got {n})", field="agents")
+    return n
+
+
+def check_batch_cap(cap: int, agents: int) -> int:
+    if not 1 <= cap <= agents:
+        raise UserError(f"batch cap must be between 1 and {agents} (got {cap})", field="batch_cap")
+    return cap
+
+
+def check_kv(name: str) -> KVType:
+    return kv_type(name)
+
+
+def check_at_least_one(what: str, n: int) -> int:
+    if n < 1:
+        raise UserError(f"{what} must be at least 1 (got {n})")
+    return n
+
+
+def whole_number(what: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{what} needs a whole number (got {text!r})") from None
+
+
+@dataclass
+class EngineSettings:
+    agents: int = 8
+    batch_cap: int = 8
+    kv: str = "f16"
+    seed: int = 0
+    gen_tokens: int = 64  # T
+    tool_tokens: int = 192  # M
+    ctx_per_agent: int = 2048
+    kv_budget_bytes: float | None = None  # None: every agent's full context fits
+    chunk_tokens: int = 256
+    reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
+    check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
+
+    def validate(self, n_ctx_train: int) -> None:
+        check_kv(self.kv)
+        check_agents(self.agents)
+        check_batch_cap(min(self.batch_cap, self.agents), self.agents)  # a cap above the agents is all of them
+        check_at_least_one("gen tokens", self.gen_tokens)
+        check_at_least_one("tool tokens", self.tool_tokens)
+        need = min_context(self)
+        if self.ctx_per_agent < need:
+            raise UserError(f"--ctx {self.ctx_per_agent} cannot hold one agent turn (needs at least {need} tokens)")
+        if n_ctx_train and self.ctx_per_agent > n_ctx_train:
+            raise UserError(f"--ctx {self.ctx_per_agent} exceeds the model's trained context ({n_ctx_train})")
+
+
+def min_context(s: EngineSettings) -> int:
+    return 160 + s.gen_tokens + s.tool_tokens + 64  # system prompt and task, one turn, the template's tags

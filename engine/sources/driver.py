@@ -1,0 +1,45 @@
+"""The one paced loop that drives a source which makes its own records (a live engine, a recording):
+take the next record while not cancelled, hold while paused, play record time at wall-clock pace when
+asked, and hand records to the sink in batches. `record`, the dashboard and `serve` all run on it."""
+
+import time
+from collections.abc import Callable
+
+from swarmtune.engine.errors import Interrupted
+from swarmtune.engine.pacing import Pacer
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.sources.protocol import Sink
+
+IDLE_S = 0.03  # how often a paused or exhausted source looks again
+
+
+def drive(next_record: Callable[[], StepRecord | None], sink: Sink, cancelled: Callable[[], bool],
+          paused: Callable[[], bool], pacer: Pacer | None = None) -> None:
+    """next_record() returns None when it has nothing now (a replay at its end)."""
+    buf: list[StepRecord] = []
+    last = time.perf_counter()
+
+    def flush() -> None:
+        nonlocal buf, last
+        if buf:
+            sink.records(buf)
+        buf, last = [], time.perf_counter()
+
+    try:
+        while not cancelled():
+            rec = None if paused() else next_record()
+            if rec is None:
+                flush()
+                time.sleep(IDLE_S)
+                if pacer:
+                    pacer.reset()
+                continue
+            buf.append(rec)
+            if time.perf_counter() - last >= sink.every_s:
+                flush()
+            if pacer:  # after the hand-over: a pause that arrives while it waits stops the next step
+                pacer.wait(rec.t, cancelled)
+    except Interrupted:  # asked to stop in the middle of a long step
+        pass
+    finally:
+        flush()

@@ -1,0 +1,47 @@
+"""A live engine as a source: the engine stepped by the paced driver; simulated time plays at wall-clock
+pace (unless the consumer wants the engine's full rate)."""
+
+from collections.abc import Callable
+
+from swarmtune.engine.engine import Engine, EngineState
+from swarmtune.engine.pacing import Pacer
+from swarmtune.engine.sources.driver import drive
+from swarmtune.engine.sources.protocol import Capabilities, Sink
+
+
+class LiveSource:
+    capabilities = Capabilities(controls=True, pause=True, seek=False)
+    status = ""
+
+    def __init__(self, engine: Engine, pace_sim: bool = True) -> None:
+        self.engine = engine
+        self.paused = False
+        self.pace_sim = pace_sim
+        self.mode = "SIMULATED" if engine.backend.source == "simulated" else ""
+
+    def header(self) -> dict:
+        return self.engine.header()
+
+    def request(self, batch_cap: int | None = None, kv: str | None = None,
+                agents: int | None = None) -> EngineState:
+        return self.engine.request(batch_cap=batch_cap, kv=kv, agents=agents)
+
+    def state(self) -> EngineState:
+        return self.engine.state()
+
+    def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:
+        eng = self.engine
+        eng.progress = sink.progress
+        eng.should_stop = cancelled  # a long rebuild stops between its chunks
+        if not eng.started:
+            eng.start()
+        sink.header(eng.header())
+        # simulated time at wall-clock pace, or it outruns any screen
+        pacer = Pacer() if eng.backend.source == "simulated" and self.pace_sim else None
+        drive(eng.step, sink, cancelled, lambda: self.paused, pacer)
+
+    def stop(self) -> None:
+        pass  # the driver and the engine look at `cancelled` often enough
+
+    def close(self) -> None:
+        self.engine.close()

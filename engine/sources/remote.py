@@ -1,0 +1,113 @@
+"""A `swarmtune serve` engine over HTTP as a source: records by Server-Sent Events, controls by POST.
+A lost connection reads "disconnected, retrying" and resumes from the last step seen."""
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from swarmtune.engine.engine import EngineState
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.sources.backoff import Backoff
+from swarmtune.engine.sources.client import SwarmClient
+from swarmtune.engine.sources.protocol import Capabilities, Sink
+
+
+class RemoteSource:
+    mode = "REMOTE"
+    capabilities = Capabilities(controls=True, pause=True, seek=False)
+
+    def __init__(self, client: SwarmClient, max_backoff_s: float = 5.0) -> None:
+        self.client = client
+        self.status = ""
+        self.last_step = -1
+        self.reconnects = 0
+        self.missed = 0
+        self.backoff = Backoff(max_s=max_backoff_s)
+        self._settings = EngineState(0, "", 0)
+        self._paused = False
+
+    def header(self) -> dict:
+        return self.client.info()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._control(paused=value)
+
+    def request(self, batch_cap: int | None = None, kv: str | None = None,
+                agents: int | None = None) -> EngineState:
+        return self._control(batch_cap=batch_cap, kv=kv, agents=agents)
+
+    def _control(self, paused: bool | None = None, **kw) -> EngineState:
+        try:
+            s = self.client.control(batch_cap=kw.get("batch_cap"), kv_type=kw.get("kv"), agents=kw.get("agents"),
+                                    paused=paused)
+        except httpx.HTTPError as e:
+            raise UserError(f"the remote engine did not answer: {e}") from None
+        self._paused = s["paused"]
+        self._settings = EngineState(s["batch_cap"], s["kv_type"], s["agents"])
+        return self._settings
+
+    def state(self) -> EngineState:
+        return self._settings
+
+    def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:
+        run_id = None
+        while not cancelled():
+            try:
+                info = self.client.info()
+                if info.get("run_id") != run_id:
+                    if run_id is not None:  # a restarted server counts its steps from 0 again
+                        self.last_step = -1
+                        self.status = "the remote engine restarted"
+                    run_id = info.get("run_id")
+                    sink.header(info)
+                st = self.client.state()["settings"]
+                self._settings = EngineState(st["batch_cap"], st["kv_type"], st["agents"])
+                self._paused = st["paused"]
+                self._stream(sink, cancelled)
+            except (httpx.HTTPError, OSError, ValueError) as e:
+                if cancelled():
+                    return
+                if isinstance(e, httpx.HTTPStatusError) and e.response.status_code == 401:
+                    self.status = "unauthorized: pass --token"
+                    sink.records([])
+                    return
+                self.reconnects += 1
+                self.status = f"disconnected, retrying in {self.backoff.next_s:.1f} s"
+                sink.records([])
+                self.backoff.wait(cancelled)
+
+    def _stream(self, sink: Sink, cancelled: Callable[[], bool]) -> None:
+        buf: list[StepRecord] = []
+        last_emit = time.perf_counter()
+        start = self.last_step + 1 if self.last_step >= 0 else None
+        for rec in self.client.steps(from_step=start):
+            if self.status.startswith("disconnected"):
+                self.status = ""
+            self.backoff.reset()
+            if self.last_step >= 0 and rec.step > self.last_step + 1:
+                self.missed += rec.step - self.last_step - 1
+                self.status = f"missed {self.missed} steps (a slow link; the server dropped them)"
+            self.last_step = rec.step
+            self._settings = EngineState(rec.batch_cap, rec.kv_type, len(rec.agents))
+            buf.append(rec)
+            now = time.perf_counter()
+            if now - last_emit >= sink.every_s:
+                sink.records(buf)
+                buf, last_emit = [], now
+            if cancelled():
+                return
+        if buf:
+            sink.records(buf)
+
+    def stop(self) -> None:
+        self.client.close()  # unblocks a read waiting on the network
+
+    def close(self) -> None:
+        self.client.close()
