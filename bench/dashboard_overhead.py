@@ -1,12 +1,13 @@
 """Engine tokens/s with the dashboard running (headless, via run_test) against `swarmtune record` on
-the same settings, in one run. Rounds alternate; best of each. The bar: ratio >= 0.95. Last line
-`ratio: X`."""
+the same settings and the same range of steps (bench/stamps.py), in one run. Rounds alternate; best of
+each. The bar: ratio >= 0.95. Last line `ratio: X`."""
 
 import argparse
 import asyncio
 import tempfile
-import time
 from pathlib import Path
+
+from stamps import Stamps  # bench/, next to this script
 
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -22,44 +23,37 @@ def settings(a) -> EngineSettings:
 
 
 def record_run(backend: LlamaBackend, a, out: Path) -> float:
-    """What `swarmtune record` does: step, write each record, flush."""
+    """What `swarmtune record` does: step, write each record, flush; timed over steps a.skip..a.skip+a.steps."""
     e = Engine(backend, settings(a))
+    stamps = Stamps(e)
     e.start()
     w = RecordWriter(out)
     w.open(e.header())
-    tokens, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < a.seconds:
-        r = e.step()
-        w.write(r)
-        tokens += r.tokens if r.kind == "decode" else 0
-    elapsed = time.perf_counter() - t0
+    while not stamps.reached(a.skip + a.steps):
+        w.write(e.step())
     w.close()
-    return tokens / elapsed
+    return stamps.rate(a.skip, a.skip + a.steps)
 
 
 async def dashboard_run(backend: LlamaBackend, a) -> float:
+    """The same steps with the dashboard drawing them (headless Textual, every panel painting)."""
     e = Engine(backend, settings(a))
+    stamps = Stamps(e)
     e.start()
     app = SwarmApp(LiveSource(e))
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
-        decoded0, t0 = _decoded(app), time.perf_counter()
-        await pilot.pause(a.seconds)
-        decoded1, t1 = _decoded(app), time.perf_counter()
+        while not stamps.reached(a.skip + a.steps):
+            await pilot.pause(0.2)
         assert app.stop_engine()
-    return (decoded1 - decoded0) / (t1 - t0)
-
-
-def _decoded(app: SwarmApp) -> int:
-    r = app.stats.latest
-    return sum(x.generated for x in r.agents) if r else 0
+    return stamps.rate(a.skip, a.skip + a.steps)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--skip", type=int, default=10, help="steps before the timed range (the app starting)")
+    ap.add_argument("--steps", type=int, default=120, help="steps in the timed range (~15 s on 2 cores)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()

@@ -1,5 +1,6 @@
 """Remote overhead: step-to-client SSE latency (p50, p99) at the engine's full rate, and engine
-tokens/s while served with a client attached against headless, in one run. The bar: ratio >= 0.95.
+tokens/s while served with a client attached against headless over the same range of steps
+(bench/stamps.py), in one run. The bar: ratio >= 0.95.
 Last line `ratio: X`.
 
 Latency is measured in one process: the engine thread stamps each record when it is produced
@@ -15,6 +16,7 @@ import time
 import httpx
 import uvicorn
 from httpx_sse import connect_sse
+from stamps import Stamps  # bench/, next to this script
 
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -28,34 +30,19 @@ def settings(a) -> EngineSettings:
     return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, reference=False, seed=1)
 
 
-def headless(backend, a) -> float:
+def headless(backend, a, first: int, last: int) -> float:
     e = Engine(backend, settings(a))
+    stamps = Stamps(e)
     e.start()
-    tokens, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < a.seconds:
-        r = e.step()
-        tokens += r.tokens if r.kind == "decode" else 0
-    return tokens / (time.perf_counter() - t0)
+    while not stamps.reached(last):
+        e.step()
+    return stamps.rate(first, last)
 
 
-class StampingRunner(EngineRunner):
-    """Notes when each step's record left the engine, for the latency figure."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.produced: dict[int, float] = {}
-        self._orig_step = self.engine.step
-
-        def step():
-            r = self._orig_step()
-            self.produced[r.step] = time.perf_counter()
-            return r
-
-        self.engine.step = step
-
-
-def served(backend, a) -> tuple[float, list[float]]:
-    runner = StampingRunner(Engine(backend, settings(a)), pace_sim=False)
+def served(backend, a) -> tuple[float, list[float], int, int]:
+    """The decode rate over a.steps steps from the first the client saw, the latencies, and that range."""
+    runner = EngineRunner(Engine(backend, settings(a)), pace_sim=False)
+    stamps = Stamps(runner.engine)
     app = make_app(runner)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     th = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
@@ -68,28 +55,27 @@ def served(backend, a) -> tuple[float, list[float]]:
     latencies: list[float] = []
     with httpx.Client(base_url=url, timeout=httpx.Timeout(10, read=60)) as http:
         with connect_sse(http, "GET", "/v1/steps") as es:
-            t0 = time.perf_counter()
-            gen0 = runner.rolling.tokens_total
+            first = None
             for ev in es.iter_sse():
                 now = time.perf_counter()
                 if ev.event != "step":
                     continue
                 step = json.loads(ev.data)["step"]
-                if step in runner.produced:
-                    latencies.append(now - runner.produced[step])
-                if now - t0 >= a.seconds:
+                first = step if first is None else first
+                if step in stamps.at:
+                    latencies.append(now - stamps.at[step])
+                if step >= first + a.steps:
                     break
-            rate = (runner.rolling.tokens_total - gen0) / (time.perf_counter() - t0)
     server.should_exit = True
     th.join(10)
-    return rate, latencies
+    return stamps.rate(first, first + a.steps), latencies, first, first + a.steps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--steps", type=int, default=120, help="steps in the timed range (~15 s on 2 cores)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
@@ -101,13 +87,13 @@ def main() -> None:
     best_h = best_s = 0.0
     lat: list[float] = []
     for r in range(a.rounds):
+        s, lats, first, last = served(backend(), a)
         b = backend()
-        h = headless(b, a)
+        h = headless(b, a, first, last)
         b.close()
-        s, lats = served(backend(), a)
         lat += lats
-        print(f"round {r + 1}: headless {h:.1f} tok/s, served + attached {s:.1f} tok/s (measured, decode tokens); "
-              f"{len(lats)} events", flush=True)
+        print(f"round {r + 1}: steps {first + 1}..{last}: headless {h:.1f} tok/s, served + attached {s:.1f} tok/s "
+              f"(measured, decode tokens); {len(lats)} events", flush=True)
         best_h, best_s = max(best_h, h), max(best_s, s)
     q = statistics.quantiles(lat, n=100)
     print(f"SSE step-to-client latency (measured): p50 {statistics.median(lat) * 1e3:.2f} ms, "
