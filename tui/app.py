@@ -84,7 +84,9 @@ class SwarmApp(App):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
-        yield ProgressBar(id="rebuild", show_eta=False)
+        # determinate from the start: an indeterminate bar animates at 15 Hz even while hidden, and every
+        # frame is a screen update taken from the engine on a small CPU
+        yield ProgressBar(id="rebuild", total=1, show_eta=False)
         with Horizontal(id="top"):
             with VerticalScroll(id="agents-box"):
                 yield AgentsTable(id="agents")

@@ -13,9 +13,16 @@ from swarmtune.engine.sources.protocol import Sink
 IDLE_S = 0.03  # how often a paused or exhausted source looks again
 
 
-def drive(next_record: Callable[[], StepRecord | None], sink: Sink, cancelled: Callable[[], bool],
+class Seeked:
+    """What next_record() returns after a seek: the records not yet handed over belong to the old position."""
+
+
+SEEKED = Seeked()
+
+
+def drive(next_record: Callable[[], StepRecord | Seeked | None], sink: Sink, cancelled: Callable[[], bool],
           paused: Callable[[], bool], pacer: Pacer | None = None) -> None:
-    """next_record() returns None when it has nothing now (a replay at its end)."""
+    """next_record() returns None when it has nothing now (a replay at its end), SEEKED after a seek."""
     buf: list[StepRecord] = []
     last = time.perf_counter()
 
@@ -28,6 +35,9 @@ def drive(next_record: Callable[[], StepRecord | None], sink: Sink, cancelled: C
     try:
         while not cancelled():
             rec = None if paused() else next_record()
+            if rec is SEEKED:
+                buf = []
+                continue
             if rec is None:
                 flush()
                 time.sleep(IDLE_S)

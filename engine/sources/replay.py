@@ -7,7 +7,7 @@ from swarmtune.engine.engine import EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import Recording, StepRecord
-from swarmtune.engine.sources.driver import drive
+from swarmtune.engine.sources.driver import SEEKED, Seeked, drive
 from swarmtune.engine.sources.protocol import Capabilities, Sink
 
 
@@ -60,13 +60,16 @@ class ReplaySource:
         sink.header(self.rec.header)
         steps = self.rec.steps
 
-        def next_record() -> StepRecord | None:
+        def next_record() -> StepRecord | Seeked | None:
             with self._lock:
                 jump, self._jump = self._jump, None
                 if jump is not None:
                     self.position = jump
-                    sink.seeked(steps[:jump])
-                    self.pacer.reset()
+            if jump is not None:  # outside the lock: the consumer may be waiting on it to seek again
+                sink.seeked(steps[:jump])
+                self.pacer.reset()
+                return SEEKED
+            with self._lock:
                 if self.paused:
                     if not self._single:
                         return None
