@@ -260,58 +260,9 @@ def _stop_on_signals() -> dict[str, bool]:
     return flag
 
 
-def cmd_record_attached(args: argparse.Namespace) -> int:
-    """Record a remote engine: its header (plus where it came from), then its steps as they arrive."""
-    from rich.console import Console
-
-    from swarmtune.engine.records import RecordWriter
-    from swarmtune.engine.sources.protocol import Sink
-
-    out = Path(args.output)
-    if out.is_dir() or not out.parent.exists():
-        raise UserError(f"cannot write {out}: give a file in an existing folder")
-    source = remote_source(args)
-    console = Console(stderr=True)
-    writer = RecordWriter(out)
-    flag = _stop_on_signals()
-    t0 = time.perf_counter()
-    state = {"n": 0, "opened": False}
-
-    def done() -> bool:
-        if flag["stop"]:
-            return True
-        if args.steps is not None and state["n"] >= args.steps:
-            return True
-        return args.duration is not None and time.perf_counter() - t0 >= args.duration
-
-    def on_header(h: dict) -> None:
-        if not state["opened"]:
-            writer.open({**h, "attached": args.url})
-            state["opened"] = True
-
-    def on_records(recs) -> None:
-        for r in recs:
-            if done():
-                return
-            writer.write(r)
-            state["n"] += 1
-        if source.status:
-            console.print(source.status)
-
-    try:
-        source.run(Sink(records=on_records, header=on_header), cancelled=done)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        writer.close()
-        source.close()
-    console.print(f"wrote {state['n']} steps to {out}")
-    return 0
-
-
 def cmd_record(args: argparse.Namespace) -> int:
-    if args.url:
-        return cmd_record_attached(args)
+    """Headless: the header, then one JSON line per step, each flushed as written, from this engine or a
+    remote one (`--attach`), until --steps, --duration, Ctrl-C or SIGTERM."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -327,14 +278,18 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be positive (got {args.duration})")
     console = Console(stderr=True)
-    engine = make_engine(args)
-    source = LiveSource(engine, pace_sim=False)  # headless: as fast as the engine steps
+    if args.url:
+        source = remote_source(args)
+        attached = {"attached": args.url if "://" in args.url else f"http://{args.url}"}
+    else:
+        source = LiveSource(make_engine(args), pace_sim=False)  # headless: as fast as the engine steps
+        attached = {}
     writer = RecordWriter(out)
     flag = _stop_on_signals()
     total = args.steps
     cols = [TextColumn("[bold]recording"), BarColumn(), TextColumn("{task.completed} steps"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn()]
-    state = {"n": 0, "decoded": 0, "t0": time.perf_counter()}
+    state = {"n": 0, "decoded": 0, "t0": time.perf_counter(), "status": ""}
 
     def done() -> bool:
         if flag["stop"] or (total is not None and state["n"] >= total):
@@ -345,19 +300,26 @@ def cmd_record(args: argparse.Namespace) -> int:
         with Progress(*cols, console=console, transient=False) as prog:
             task = prog.add_task("rec", total=total or args.duration, rate="")
 
+            def on_header(h: dict) -> None:
+                if not writer.opened:  # a remote engine that restarted sends its header again
+                    writer.open({**h, **attached})
+                    state["t0"] = time.perf_counter()
+
             def on_records(recs) -> None:
-                for r in recs:  # one at a time (every_s 0): each line is flushed as it is written
+                for r in recs:
+                    if done():
+                        return
                     writer.write(r)
                     state["n"] += 1
                     state["decoded"] += r.tokens if r.kind == "decode" else 0
+                if source.status != state["status"]:  # a link's state: said once, when it changes
+                    state["status"] = source.status
+                    if source.status:
+                        prog.console.print(source.status)
                 elapsed = time.perf_counter() - state["t0"]
                 if state["n"] % 8 == 0 or total is not None:
                     shown = state["n"] if total is not None else min(elapsed, args.duration or elapsed)
                     prog.update(task, completed=shown, rate=f"{state['decoded'] / max(elapsed, 1e-9):.1f} tok/s")
-
-            def on_header(h: dict) -> None:
-                writer.open(h)
-                state["t0"] = time.perf_counter()
 
             source.run(Sink(records=on_records, header=on_header), cancelled=done)
     except KeyboardInterrupt:
@@ -368,8 +330,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise
     finally:
         writer.close()
-        engine.close()
-    console.print(f"wrote {out}")
+        source.close()
+    console.print(f"wrote {state['n']} steps to {out}")
     return 0
 
 

@@ -93,6 +93,10 @@ class RecordWriter:
             raise UserError(f"cannot write {self.path}: {e.strerror}") from None
         self._write(json.dumps({"type": "header", **header}, separators=(",", ":")))
 
+    @property
+    def opened(self) -> bool:
+        return self._fh is not None
+
     def write(self, record: StepRecord) -> None:
         self._write(record.to_json())
 
