@@ -3,6 +3,7 @@ engine) and hands it to the dashboard, `record` or `serve`. Bad input ends in on
 exit status 2, never a traceback."""
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -44,6 +45,18 @@ def _whole(name: str) -> Callable[[str], int]:
     return parse
 
 
+def _finite(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{name} must be a number (got {text!r})")
+        return v
+    return parse
+
+
 def _int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -67,7 +80,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
     g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
     g.add_argument("--tool-tokens", type=_positive_int("--tool-tokens"), default=192, help="M: tool result tokens")
-    g.add_argument("--kv-budget-mb", type=float, default=None, help="KV memory for the whole swarm (preempts beyond)")
+    g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,
+                   help="KV memory for the whole swarm (preempts beyond)")
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
     g.add_argument("--extra-bufts", action="store_true",
                    help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
@@ -144,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_attach_flags(rec, required=False)
     lim = rec.add_mutually_exclusive_group()
     lim.add_argument("--steps", type=_positive_int("--steps"), default=None)
-    lim.add_argument("--duration", type=float, default=None, help="seconds")
+    lim.add_argument("--duration", type=_finite("--duration"), default=None, help="seconds")
     sw = sub.add_parser("sweep", help="decode throughput over batch sizes x contexts")
     add_engine_flags(sw)
     sw.add_argument("--batch", type=_int_list, default=None, help="e.g. 1,2,4,8")
@@ -163,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_attach_flags(at, required=True)
     rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
     rp.add_argument("file")
-    rp.add_argument("--speed", type=float, default=1.0, help="playback speed (2 = twice as fast)")
+    rp.add_argument("--speed", type=_finite("--speed"), default=1.0, help="playback speed (2 = twice as fast)")
     sub.add_parser("profiles", help="list the sim backend's hardware profiles")
     pw = sub.add_parser("power", help="list the power sources: available or not, and why")
     pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")

@@ -244,6 +244,15 @@ class ByteModel:
         )
 
 
+UNKNOWN_KV = "remote"  # an attached engine's cache type, which it does not report
+ASSUMED_KV = "f16"  # what such an engine is counted at: the default of llama-server and vLLM
+
+
+def as_kv_type(name: str) -> str:
+    """A cache type the byte model knows: an attached engine's unknown one is counted at f16."""
+    return ASSUMED_KV if name == UNKNOWN_KV else name
+
+
 def bytes_model_from_header(h: dict[str, Any]) -> ByteModel | None:
     """The byte model a recording's header carries; for an older header, the dense one its W and k make."""
     d = h.get("bytes_model")
@@ -255,8 +264,8 @@ def bytes_model_from_header(h: dict[str, Any]) -> ByteModel | None:
     w = h.get("weight_bytes") or 0
     per_type = h.get("kv_bytes_per_token") or {}
     for name, k in per_type.items():
-        if name in KV_TYPES and k:
-            values = k / kv_type(name).bytes_for(1)
+        if (name in KV_TYPES or name == UNKNOWN_KV) and k:
+            values = k / kv_type(as_kv_type(name)).bytes_for(1)
             return ByteModel.dense(w, values, float(h.get("embd_row_bytes") or 0.0),
                                    source="dense W and k from the header (an older recording)") if w else None
     return None

@@ -303,7 +303,9 @@ class Engine:
                 a.next_token = tok
                 a.turn_text += piece
                 a.tail = (a.tail + piece)[-TAIL_CHARS:]
-        return self._record("decode", batch, seconds, len(batch), preempted, note=note)
+        rec = self._record("decode", batch, seconds, len(batch), preempted, note=note)
+        rec.reference = bool(note)
+        return rec
 
     def _rebuild(self, kv: str) -> StepRecord:
         old = self.s.kv
@@ -354,8 +356,9 @@ class Engine:
         wall = time.perf_counter() - t0
         if self.backend.source == "simulated":
             wall = seconds
+        what = f"kv {old} -> {kv}" if kv != old or refused else f"room for {self.slots} agents"
         return self._record("rebuild", [], wall, done, preempted,
-                            note=f"{refused}kv {old} -> {kv}: re-prefilled {done} tokens in {wall:.2f} s")
+                            note=f"{refused}{what}: re-prefilled {done} tokens in {wall:.2f} s")
 
     # the record
     def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],

@@ -44,11 +44,6 @@ ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
 ll.llama_backend_init()
 
 
-def llama_log_tail(n: int = 400) -> list[str]:
-    with _log_lock:
-        return list(_log_lines[-n:])
-
-
 def llama_log_mark() -> int:
     with _log_lock:
         return _log_kept

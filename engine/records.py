@@ -58,6 +58,7 @@ class StepRecord:
     next_agent_joules_per_token: float | None = None
     preempted: list[int] = field(default_factory=list)
     note: str = ""
+    reference: bool = False  # a batch-1 step run to time the reference, not the swarm's own batch
     # recurrent models: the per-agent state this step read, summed over the batch (B x s)
     state_bytes: float | None = None
     # MoE models: distinct experts per MoE layer the step's tokens routed to, and where the count came from:

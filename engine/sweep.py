@@ -8,6 +8,7 @@ from pathlib import Path
 
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.kv_types import kv_type
 from swarmtune.engine.probe import fill, time_decode
 from swarmtune.engine.speedup import Calibration, predicted_speedup
 
@@ -54,7 +55,8 @@ class SweepResult:
     def byte_model(self) -> ByteModel:
         if self.bytes_model:
             return ByteModel.from_dict(self.bytes_model)
-        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / 2)  # an older result: f16 values
+        # an older result: W and k at its own cache type
+        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / kv_type(self.kv_type).bytes_for(1))
 
 
 def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | None = None,

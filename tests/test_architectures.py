@@ -310,3 +310,15 @@ def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
         assert mamba.chat(msgs, add_assistant=True).startswith("<|im_start|>user\nhi<|im_end|>")
     finally:
         mamba.close()
+
+
+def test_an_attached_engine_s_unknown_cache_type_is_counted_at_f16(tiny_models):
+    """llama-server and vLLM do not say their cache type ("remote"): the panels count it at f16, from the
+    GGUF's byte model or from the W and k flags alike."""
+    from swarmtune.tui.widgets.plots import bytes_known
+
+    bm = read_model_facts(tiny_models["gemma3"]).bytes_model
+    from_gguf = bytes_known({"bytes_model": bm.to_dict(), "weight_bytes": bm.weight_bytes(1)}, "remote")
+    assert from_gguf is not None and from_gguf.has_swa
+    from_flags = bytes_known({"weight_bytes": 5.5e9, "kv_bytes_per_token": {"remote": 147e3}}, "remote")
+    assert from_flags is not None and from_flags.speedup(8, 2400, "f16") == pytest.approx(5.6, abs=0.1)

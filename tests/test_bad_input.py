@@ -25,6 +25,8 @@ def _check(out, needle, tmp_path):
         (["--sim", SIM, "--ctx", "100"], "cannot hold one agent turn"),
         (["--sim", SIM, "--agents", "64", "--kv-budget-mb", "1"], "KV budget"),
         (["--sim", SIM, "--steps", "ten"], "--steps"),
+        (["--sim", SIM, "--kv-budget-mb", "nan"], "--kv-budget-mb must be a number"),
+        (["--sim", SIM, "--duration", "inf"], "--duration must be a number"),
         (["--sim", SIM, "--model", "x.gguf"], "not both"),
     ],
 )

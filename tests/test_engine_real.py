@@ -89,7 +89,7 @@ def test_record_on_the_default_model(tmp_path):
     steps = [json.loads(x) for x in lines[1:]]
     assert len(steps) == 40
     # no startup probe: the batch-1 reference is timed by steps of the run itself
-    ref = [s["step"] for s in steps if s["note"] == "batch-1 reference step"]
+    ref = [s["step"] for s in steps if s["reference"]]
     assert ref and all(s["batch"] == 1 for s in steps if s["step"] in ref)
     dec = [s for s in steps if s["kind"] == "decode" and s["batch"] > 1 and s["step"] > ref[0]]
     assert dec and all(s["measured_speedup"] > 0 and s["calibrated_speedup"] > 0 for s in dec)

@@ -199,7 +199,7 @@ def test_sim_kv_switch_keeps_every_cache():
 def test_reference_comes_from_the_run_not_a_probe():
     e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=4, ctx_per_agent=4096))
     recs = [e.step() for _ in range(300)]
-    ref = [r for r in recs if r.note == "batch-1 reference step"]
+    ref = [r for r in recs if r.reference]
     assert ref and all(r.batch == 1 and r.kind == "decode" for r in ref)
     full = [r for r in recs if r.kind == "decode" and r.batch == 4 and r.step > ref[0].step]
     have = [r for r in full if r.measured_speedup is not None]

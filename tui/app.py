@@ -17,7 +17,7 @@ from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import whole_number
 from swarmtune.engine.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker
-from swarmtune.tui.messages import EngineFailed, EngineProgress, StepsArrived
+from swarmtune.tui.messages import EngineFailed, EngineProgress, Seeked, StepsArrived
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.agents import AgentsTable
 from swarmtune.tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
@@ -123,7 +123,7 @@ class SwarmApp(App):
             records=lambda recs: self.post_message(StepsArrived(recs)),
             header=lambda h: self.call_from_thread(self._set_header, h),
             progress=lambda what, done, total: self.post_message(EngineProgress(what, done, total)),
-            seeked=lambda before: self.call_from_thread(self._rebuild_stats, before),
+            seeked=lambda before: self.post_message(Seeked(before)),
             every_s=UI_INTERVAL_S,
         )
         try:
@@ -160,9 +160,9 @@ class SwarmApp(App):
         self.stats.header = header
         self._dirty = True
 
-    def _rebuild_stats(self, before: list[StepRecord]) -> None:
+    def on_seeked(self, message: Seeked) -> None:
         self.stats.reset()
-        for r in before:
+        for r in message.before:
             self.stats.add(r)
         self._dirty = True
         self._painted.clear()  # after a seek every panel repaints at once

@@ -27,3 +27,11 @@ class EngineProgress(Message):
 @dataclass
 class EngineFailed(Message):
     error: str
+
+
+@dataclass
+class Seeked(Message):
+    """A replay moved: every record before the new position. Sent on the same queue as StepsArrived, so
+    the batches sent before it are folded before the statistics are rebuilt from these."""
+
+    before: list[StepRecord]

@@ -103,7 +103,7 @@ class EngineRunner:
             with self._lock:
                 self.history.append((r.step, line))
                 self.latest = r
-                if r.kind == "decode":
+                if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not the swarm's state
                     self.latest_decode = r
                 self.rolling.add(r)
                 subs = list(self._subs)

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
+import swarmtune
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.server.metrics import make_registry
@@ -82,7 +83,7 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
         yield
         await asyncio.to_thread(runner.stop)
 
-    app = FastAPI(title="swarmtune", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="swarmtune", version=swarmtune.__version__, lifespan=lifespan,
                   responses={401: {"description": "missing or wrong bearer token (when the server has one)"}},
                   description="A swarm of agents decoding through one engine: steps, settings, metrics.")
     registry = make_registry(runner)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from swarmtune.engine.bytes_model import ASSUMED_KV as REMOTE_KV
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import AgentView, StepRecord
@@ -69,7 +70,6 @@ class StepTiming:
                 [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error])
 
 
-REMOTE_KV = "f16"
 
 class ForeignPoller:
     """Base: one poll is one record; its `t` is seconds on `clock` since the first poll."""

@@ -4,7 +4,7 @@ import math
 
 from textual_plotext import PlotextPlot
 
-from swarmtune.engine.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
 from swarmtune.engine.speedup import Fit
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.status import human_bytes
@@ -43,7 +43,7 @@ def bytes_known(h: dict, kv: str) -> ByteModel | None:
     bm = bytes_model_from_header(h)
     if bm is None or not bm.weight_bytes(1):
         return None
-    return bm if bm.kv_bytes_per_token(kv) > 0 or bm.state_bytes > 0 else None
+    return bm if bm.kv_bytes_per_token(as_kv_type(kv)) > 0 or bm.state_bytes > 0 else None
 
 
 def formula_label(bm: ByteModel, b: int) -> str:
@@ -58,7 +58,7 @@ class SpeedupPlot(_Plot):
         if r is None or not h:
             self.refresh()
             return
-        bm = bytes_known(h, r.kv_type)
+        bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
             plt.title("speedup " + NO_BYTES)
             self.refresh()
@@ -66,7 +66,7 @@ class SpeedupPlot(_Plot):
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
         b = max(r.batch_cap, 1)
-        plt.plot(xs, [bm.speedup(b, x, r.kv_type) for x in xs], label=formula_label(bm, b),
+        plt.plot(xs, [bm.speedup(b, x, as_kv_type(r.kv_type)) for x in xs], label=formula_label(bm, b),
                  marker="braille", color="blue")
         if r.fit:
             fit = Fit(r.fit[0], r.fit[1], r.fit[2], r.fit[3], 0)
@@ -95,17 +95,17 @@ class BytesPlot(_Plot):
         if r is None or not h or r.batch == 0:
             self.refresh()
             return
-        bm = bytes_known(h, r.kv_type)
+        bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
             plt.title(NO_BYTES)
             self.refresh()
             return
         per_token_w = r.weight_bytes / r.batch
-        per_token_private = bm.private_bytes_per_token(r.kv_type, r.mean_context)
+        per_token_private = bm.private_bytes_per_token(as_kv_type(r.kv_type), r.mean_context)
         private = "KV L·k private" if bm.is_dense else ("KV+state private" if bm.state_bytes else "KV K(L) private")
         plt.bar(["weights/B shared", private], [per_token_w / 1e6, per_token_private / 1e6], orientation="h",
                 width=0.5, color="cyan")
-        cross = bm.crossover_context(r.batch, r.kv_type, r.distinct_experts
+        cross = bm.crossover_context(r.batch, as_kv_type(r.kv_type), r.distinct_experts
                                      if r.distinct_experts_source == "measured" else None)
         star = f"L*={cross:,.0f}" if math.isfinite(cross) else "L*: none"
         # plotext drops a title or label wider than the plot: keep them short
