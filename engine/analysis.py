@@ -55,13 +55,15 @@ class StepAnalysis:
             self.ledger.add(b, power.joules, rec.tokens, seconds)
         rec.predicted_speedup = self.bytes_model.speedup_mixed(contexts, kv, distinct_experts)
         cal = self.calibration(kv)
-        cal.add(b, sum(contexts), seconds)
+        # the fit's KV term counts what attention reads: past a window, fewer tokens than the context
+        kv_tokens = sum(self.bytes_model.kv_equivalent_tokens(kv, c) for c in contexts)
+        cal.add(b, kv_tokens, seconds)
         if self._decodes % REFIT_EVERY_STEPS == 0 or cal.fit is None:
             cal.refit()
         self._decodes += 1
         fit = cal.fit
         if fit is not None:
-            rec.calibrated_speedup = fit.speedup(b, mean_ctx)
+            rec.calibrated_speedup = fit.speedup(b, kv_tokens / b)
             rec.fit = [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error]
         ref = self.reference(kv)
         if b == 1:
@@ -70,7 +72,7 @@ class StepAnalysis:
             rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
         if fit is not None and power is not None:
             # a modeled meter knows watts per batch; for a sensor the ledger fits them from this run
-            m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * mean_ctx), self.watts_at)
+            m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * kv_tokens / b), self.watts_at)
             if m is not None:
                 rec.next_agent_joules_per_token = m.joules_per_token_next
                 rec.modeled_joules_per_token = m.joules_per_token_now

@@ -121,6 +121,12 @@ class ByteModel:
         return sum(b * (min(c, w) if w > 0 else c)
                    for b, w in zip(self._layer_bytes(kv), self.window_per_layer, strict=True))
 
+    def kv_equivalent_tokens(self, kv: str, context: float) -> float:
+        """The context a full-attention cache of this model would read for the bytes K(L) reads: L itself
+        for a dense model, less past a window. The step-time fit's KV term is in these tokens."""
+        k = self.kv_bytes_per_token(kv)
+        return self.kv_read_bytes(kv, context) / k if k > 0 else max(context, 0.0)
+
     def kv_cache_bytes(self, kv: str, context: float, swa_slack_tokens: int = 0) -> float:
         """What one agent's cache holds at context L with llama.cpp's swa_full off.
 

@@ -106,7 +106,7 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
         progress(total, total)
     cal = Calibration()
     for (b, c), t in timings.items():
-        cal.add(b, b * (c + 1), t.seconds_per_step, pinned=True)
+        cal.add(b, b * bm.kv_equivalent_tokens(kv, c + 1), t.seconds_per_step, pinned=True)
     fit = cal.refit()
     rows = []
     for c in contexts:
@@ -116,7 +116,8 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
             row = SweepRow(
                 batch=b, context=c, tokens_per_second=t.tokens_per_second, seconds_per_step=t.seconds_per_step,
                 speedup=t.tokens_per_second / base, predicted_speedup=bm.speedup(b, c, kv),
-                calibrated_speedup=fit.speedup(b, c) if fit else None, source=backend.source,
+                calibrated_speedup=fit.speedup(b, bm.kv_equivalent_tokens(kv, c)) if fit else None,
+                source=backend.source,
                 dense_formula_speedup=predicted_speedup(b, c, w_all, k),
             )
             if meter is not None:

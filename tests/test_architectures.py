@@ -322,3 +322,17 @@ def test_an_attached_engine_s_unknown_cache_type_is_counted_at_f16(tiny_models):
     assert from_gguf is not None and from_gguf.has_swa
     from_flags = bytes_known({"weight_bytes": 5.5e9, "kv_bytes_per_token": {"remote": 147e3}}, "remote")
     assert from_flags is not None and from_flags.speedup(8, 2400, "f16") == pytest.approx(5.6, abs=0.1)
+
+
+def test_the_fit_counts_what_attention_reads():
+    """The step-time fit's KV term is in the tokens attention reads: the context itself on a dense model,
+    fewer past a window (half of gpt-oss-20b's layers read at most 128)."""
+    from swarmtune.engine.bytes_model import ByteModel
+    from swarmtune.engine.profiles import profile
+
+    dense = ByteModel.dense(5.5e9, 147e3 / 2)
+    assert [dense.kv_equivalent_tokens("f16", c) for c in (0, 100, 5000)] == [0, 100, 5000]
+    oss = profile("rx9070xt-gpt-oss-20b").bytes_model
+    assert oss.kv_equivalent_tokens("f16", 100) == pytest.approx(100)  # inside the window: every layer reads L
+    full = oss.kv_bytes_per_token("f16", windowed=False) / oss.kv_bytes_per_token("f16")
+    assert oss.kv_equivalent_tokens("f16", 4000) == pytest.approx(4000 * full + 128 * (1 - full))

@@ -70,7 +70,8 @@ class SpeedupPlot(_Plot):
                  marker="braille", color="blue")
         if r.fit:
             fit = Fit(r.fit[0], r.fit[1], r.fit[2], r.fit[3], 0)
-            pts = [(x, y) for x in xs if (y := fit.speedup(b, x)) is not None]
+            kv = as_kv_type(r.kv_type)  # the fit counts the KV tokens attention reads (fewer past a window)
+            pts = [(x, y) for x in xs if (y := fit.speedup(b, bm.kv_equivalent_tokens(kv, x))) is not None]
             if pts:
                 plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="green",
                          label=f"calibrated (modeled, {r.fit[3]:.0%} err)")
