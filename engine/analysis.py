@@ -21,13 +21,18 @@ class StepAnalysis:
         self.bytes_model = facts.bytes_model
         self.watts_at = watts_at  # a modeled meter's watts per batch; None for a sensor
         self.how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
-                    f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), median per context bucket, interpolated"
+                    f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), a robust line through the latest 64"
                     if source == "measured" else
                     "simulated: batch-1 steps of the profile's roofline interleaved in the run")
         self.ledger = EnergyLedger()
         self._calibrations: dict[str, Calibration] = {}
         self._references: dict[str, BatchOneReference] = {}
         self._decodes = 0
+        self._fresh_context = True
+
+    def context_opened(self) -> None:
+        """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
+        self._fresh_context = True
 
     def calibration(self, kv: str) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())
@@ -67,7 +72,9 @@ class StepAnalysis:
             rec.fit = [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error]
         ref = self.reference(kv)
         if b == 1:
-            ref.add(mean_ctx, seconds)
+            if not self._fresh_context:
+                ref.add(mean_ctx, seconds)
+            self._fresh_context = False
         elif ref.covers(mean_ctx) and seconds > 0:
             rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
         if fit is not None and power is not None:

@@ -92,6 +92,7 @@ class Engine:
 
     def start(self) -> None:
         self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
+        self.analysis.context_opened()
         for i in range(self.s.agents):
             self._new_agent(i)
         self._t0 = time.perf_counter()
@@ -320,6 +321,7 @@ class Engine:
             with self._lock:
                 self._pending_state = EngineState(self._pending_state.batch_cap, kv, self._pending_state.agents)
         self.s.kv = kv
+        self.analysis.context_opened()
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
         live = [a for a in self.agents if a.state is not AgentState.PREEMPTED]
         for a in self.agents:

@@ -80,52 +80,59 @@ class Calibration:
 
 
 class BatchOneReference:
-    """Batch-1 step time against context, from timed batch-1 decode steps: the median of the latest few
-    in each context bucket (one step's time is noisy on a shared CPU), linear interpolation between."""
+    """Batch-1 step time against context, t1(L) = a + b L, from timed batch-1 decode steps.
 
-    BUCKET_TOKENS = 32
-    PER_BUCKET = 5
+    A batch-1 step reads the weights and L cached tokens, so its time is a line in L. One step's time on
+    a shared CPU is noisy (a spike doubles it now and then), so the line is a Theil-Sen fit (the median of
+    the pairwise slopes): one outlier among the latest samples moves it little."""
+
+    MAX_SAMPLES = 64
 
     def __init__(self, how: str) -> None:
         self.how = how
-        self._samples: dict[int, deque[float]] = {}
+        self._samples: deque[tuple[float, float]] = deque(maxlen=self.MAX_SAMPLES)
+        self._line: tuple[float, float] | None = None  # (a, b), refitted when a sample arrives
 
     def add(self, context: float, seconds: float) -> None:
         if seconds <= 0:
             return
-        bucket = int(round(context / self.BUCKET_TOKENS)) * self.BUCKET_TOKENS
-        self._samples.setdefault(bucket, deque(maxlen=self.PER_BUCKET)).append(seconds)
-
-    @property
-    def _points(self) -> dict[int, float]:
-        return {c: float(np.median(d)) for c, d in self._samples.items()}
+        self._samples.append((float(context), seconds))
+        self._line = None
 
     @property
     def ready(self) -> bool:
-        return len(self._samples) >= 1
+        return bool(self._samples)
 
     @property
     def samples(self) -> int:
-        return sum(len(d) for d in self._samples.values())
+        return len(self._samples)
 
     def covers(self, context: float) -> bool:
         """Close enough to a measured context to compare against (no long extrapolation)."""
         if not self._samples:
             return False
-        lo, hi = min(self._samples), max(self._samples)
-        margin = max(4 * self.BUCKET_TOKENS, 0.25 * hi)
+        xs = [x for x, _ in self._samples]
+        lo, hi = min(xs), max(xs)
+        margin = max(128.0, 0.25 * hi)
         return lo - margin <= context <= hi + margin
 
+    def _fit(self) -> tuple[float, float]:
+        if self._line is None:
+            a = np.array(self._samples)
+            x, y = a[:, 0], a[:, 1]
+            i, j = np.triu_indices(len(a), k=1)
+            dx = x[j] - x[i]
+            ok = dx != 0
+            slope = float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
+            slope = max(slope, 0.0)  # more cached tokens never make a step faster
+            self._line = (float(np.median(y - slope * x)), slope)
+        return self._line
+
     def seconds_at(self, context: float) -> float:
-        pts = self._points
-        xs = sorted(pts)
-        ys = [pts[x] for x in xs]
-        if len(xs) == 1:
-            return ys[0]
-        if context > xs[-1]:  # extend the last segment rather than flatten it
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            return ys[-1] + slope * (context - xs[-1])
-        return float(np.interp(context, xs, ys))
+        a, b = self._fit()
+        return a + b * context
 
     def as_dict(self) -> dict[str, object]:
-        return {"how": self.how, "points": {str(k): v for k, v in sorted(self._points.items())}}
+        line = self._fit() if self._samples else None
+        return {"how": self.how, "samples": len(self._samples),
+                "line": {"seconds": line[0], "seconds_per_token": line[1]} if line else None}
