@@ -60,8 +60,10 @@ class StepAnalysis:
             self.ledger.add(b, power.joules, rec.tokens, seconds)
         rec.predicted_speedup = self.bytes_model.speedup_mixed(contexts, kv, distinct_experts)
         cal = self.calibration(kv)
-        # the fit's KV term counts what attention reads: past a window, fewer tokens than the context
-        kv_tokens = sum(self.bytes_model.kv_equivalent_tokens(kv, c) for c in contexts)
+        # the fit's KV term counts what attention reads: past a window, fewer tokens than the context;
+        # derived from the KV bytes the record already holds rather than summed over the layers again
+        k = self.bytes_model.kv_bytes_per_token(kv)
+        kv_tokens = rec.kv_bytes / k if k > 0 else float(sum(contexts))
         cal.add(b, kv_tokens, seconds)
         if self._decodes % REFIT_EVERY_STEPS == 0 or cal.fit is None:
             cal.refit()

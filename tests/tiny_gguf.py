@@ -32,6 +32,12 @@ class TinyWriter:
         self.w.add_rope_freq_base(10000.0)
         _add_tokenizer(self.w)
 
+    def attention_shape(self, n_head_kv: int) -> None:
+        self.w.add_head_count(N_HEAD)
+        self.w.add_head_count_kv(n_head_kv)
+        self.w.add_key_length(HEAD_DIM)
+        self.w.add_value_length(HEAD_DIM)
+
     def tensor(self, name: str, *ne: int, scale: float = 0.05, dtype=np.float32) -> None:
         """ne in ggml order (ne0 first), as llama.cpp's create_tensor names them."""
         data = (self.rng.standard_normal(tuple(reversed(ne))) * scale).astype(dtype)
@@ -107,10 +113,7 @@ def _add_tokenizer(w: GGUFWriter) -> None:
 def gemma3_swa(path: Path, window: int = 64) -> Path:
     """Gemma 3: five sliding-window layers, then one global (llama.cpp's default pattern of 6)."""
     t = TinyWriter(path, "gemma3", 6)
-    t.w.add_head_count(N_HEAD)
-    t.w.add_head_count_kv(N_HEAD)
-    t.w.add_key_length(HEAD_DIM)
-    t.w.add_value_length(HEAD_DIM)
+    t.attention_shape(N_HEAD)
     t.w.add_sliding_window(window)
     t.embeddings(untied=False)
     t.ones("output_norm.weight", N_EMBD)
@@ -127,10 +130,7 @@ def gemma3_swa(path: Path, window: int = 64) -> Path:
 def qwen3moe(path: Path, n_expert: int = 8, n_used: int = 2, n_layer: int = 4, n_ff_exp: int = 64,
              n_embd_scale: float = 0.05) -> Path:
     t = TinyWriter(path, "qwen3moe", n_layer)
-    t.w.add_head_count(N_HEAD)
-    t.w.add_head_count_kv(2)
-    t.w.add_key_length(HEAD_DIM)
-    t.w.add_value_length(HEAD_DIM)
+    t.attention_shape(2)
     t.w.add_expert_count(n_expert)
     t.w.add_expert_used_count(n_used)
     t.w.add_expert_feed_forward_length(n_ff_exp)
@@ -148,10 +148,7 @@ def gpt_oss(path: Path, window: int = 64) -> Path:
     """gpt-oss: experts in every layer, sliding window on the even layers, an untied output head."""
     n_layer, n_expert = 4, 8
     t = TinyWriter(path, "gpt-oss", n_layer)
-    t.w.add_head_count(N_HEAD)
-    t.w.add_head_count_kv(2)
-    t.w.add_key_length(HEAD_DIM)
-    t.w.add_value_length(HEAD_DIM)
+    t.attention_shape(2)
     t.w.add_expert_count(n_expert)
     t.w.add_expert_used_count(2)
     t.w.add_expert_feed_forward_length(64)
