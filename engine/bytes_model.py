@@ -43,6 +43,10 @@ class ByteModel:
             raise ValueError("window_per_layer and kv_values_per_layer must have one entry per layer")
         if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
             raise ValueError(f"expert_used_count {self.n_expert_used} does not fit expert_count {self.n_expert}")
+        # per KV type: (bytes per token of the full-attention layers, (bytes, window) of each windowed layer).
+        # K(L) is asked for on every step and at every point of a curve; summing layer by layer each time
+        # cost the dashboard tens of ms a frame.
+        object.__setattr__(self, "_kv_terms_cache", {})
 
     @classmethod
     def dense(cls, weight_bytes: float, kv_values_per_token: float, embd_row_bytes: float = 0.0,
@@ -115,16 +119,25 @@ class ByteModel:
                 out += b
         return out
 
+    def _kv_terms(self, kv: str) -> tuple[float, tuple[tuple[float, int], ...]]:
+        terms = self._kv_terms_cache.get(kv)
+        if terms is None:
+            layers = list(zip(self._layer_bytes(kv), self.window_per_layer, strict=True))
+            terms = (sum(b for b, w in layers if w <= 0), tuple((b, w) for b, w in layers if w > 0))
+            self._kv_terms_cache[kv] = terms
+        return terms
+
     def kv_read_bytes(self, kv: str, context: float) -> float:
         """K(L): the KV bytes one agent's attention reads at context L (its own new token included)."""
         c = max(context, 0.0)
-        return sum(b * (min(c, w) if w > 0 else c)
-                   for b, w in zip(self._layer_bytes(kv), self.window_per_layer, strict=True))
+        full, windowed = self._kv_terms(kv)
+        return full * c + sum(b * min(c, w) for b, w in windowed)
 
     def kv_equivalent_tokens(self, kv: str, context: float) -> float:
         """The context a full-attention cache of this model would read for the bytes K(L) reads: L itself
         for a dense model, less past a window. The step-time fit's KV term is in these tokens."""
-        k = self.kv_bytes_per_token(kv)
+        full, windowed = self._kv_terms(kv)
+        k = full + sum(b for b, _ in windowed)
         return self.kv_read_bytes(kv, context) / k if k > 0 else max(context, 0.0)
 
     def kv_cache_bytes(self, kv: str, context: float, swa_slack_tokens: int = 0) -> float:

@@ -1,6 +1,7 @@
 """The dashboard: one screen of panels fed by a source (a live engine, a recording, a remote engine).
 The source runs in a worker thread; the UI repaints at most ~10 times a second."""
 
+import os
 import sys
 import threading
 import time
@@ -72,6 +73,8 @@ class SwarmApp(App):
         self._switch_interval_s = sys.getswitchinterval()
         self._painted: dict[type, float] = {}
         self._force_status = True  # a pause, a seek or a status change shows at once
+        self._ui_thread_id = threading.get_native_id()
+        self._ui_nice: int | None = None  # the UI thread's priority before the engine started
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -119,6 +122,7 @@ class SwarmApp(App):
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
+        self._yield_to_engine()
         sink = Sink(
             records=lambda recs: self.post_message(StepsArrived(recs)),
             header=lambda h: self.call_from_thread(self._set_header, h),
@@ -132,6 +136,28 @@ class SwarmApp(App):
             self.post_message(EngineFailed(f"{type(e).__name__}: {e}"))
         finally:
             self.engine_stopped.set()
+
+    def _yield_to_engine(self) -> None:
+        """Lower the UI thread's CPU priority, from the engine's thread (already running, so it and the
+        llama.cpp threads it starts keep theirs). On a small CPU every slice the UI takes while all cores
+        decode stalls llama.cpp's threads at their next barrier; at the lowest priority the UI paints in
+        the gaps between steps instead."""
+        if not hasattr(os, "setpriority"):
+            return
+        try:
+            self._ui_nice = os.getpriority(os.PRIO_PROCESS, self._ui_thread_id)
+            os.setpriority(os.PRIO_PROCESS, self._ui_thread_id, 19)
+        except OSError:
+            self._ui_nice = None
+
+    def _restore_priority(self) -> None:
+        if self._ui_nice is None:
+            return
+        try:  # raising a priority back may need privileges; then the thread stays lower (harmless)
+            os.setpriority(os.PRIO_PROCESS, self._ui_thread_id, self._ui_nice)
+        except OSError:
+            pass
+        self._ui_nice = None
 
     def stop_engine(self, timeout_s: float = 30.0) -> bool:
         """Cancel the worker and wait until it is out of the source: freeing a llama.cpp context under a
@@ -328,6 +354,7 @@ class SwarmApp(App):
     def on_unmount(self) -> None:
         self.workers.cancel_all()
         sys.setswitchinterval(self._switch_interval_s)  # a process-wide setting: give it back
+        self._restore_priority()
 
 
 def run_app(source: Source) -> int:

@@ -2,6 +2,8 @@
 
 import math
 
+from rich.text import Text
+from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
@@ -88,30 +90,51 @@ class SpeedupPlot(_Plot):
         self.refresh()
 
 
-class BytesPlot(_Plot):
+class BytesPlot(Widget):
+    """Two bars, the shared and the private bytes per token, drawn as text: a plot library's fixed cost per
+    frame (7 ms here) bought nothing for two numbers, and that time comes out of the engine's cores."""
+
+    LABEL_COLUMNS = 17
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._title = ""
+        self._bars: list[tuple[str, float, str]] = []
+        self._footer = ""
+
     def show(self, stats: Stats) -> None:
-        plt = self._fresh()
         r = stats.latest_decode
         h = stats.header
         if r is None or not h or r.batch == 0:
-            self.refresh()
             return
         bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
-            plt.title(NO_BYTES)
+            self._title, self._bars, self._footer = NO_BYTES, [], ""
             self.refresh()
             return
         per_token_w = r.weight_bytes / r.batch
         per_token_private = bm.private_bytes_per_token(as_kv_type(r.kv_type), r.mean_context)
         private = "KV L·k private" if bm.is_dense else ("KV+state private" if bm.state_bytes else "KV K(L) private")
-        plt.bar(["weights/B shared", private], [per_token_w / 1e6, per_token_private / 1e6], orientation="h",
-                width=0.5, color="cyan")
         cross = bm.crossover_context(r.batch, as_kv_type(r.kv_type), r.distinct_experts
                                      if r.distinct_experts_source == "measured" else None)
         star = f"L*={cross:,.0f}" if math.isfinite(cross) else "L*: none"
-        # plotext drops a title or label wider than the plot: keep them short
         experts = f"; {r.distinct_experts:.0f}/{bm.n_expert} experts" if r.distinct_experts else ""
-        plt.title(f"MB/token at L={r.mean_context:,.0f}; {star}{experts}")
+        self._title = f"MB/token at L={r.mean_context:,.0f}; {star}{experts}"
+        self._bars = [("weights/B shared", per_token_w, "cyan"), (private, per_token_private, "magenta")]
         private_bytes = r.kv_bytes + (r.state_bytes or 0)
-        plt.xlabel(f"step: {human_bytes(r.weight_bytes)} shared + {human_bytes(private_bytes)} private")
+        self._footer = f"step: {human_bytes(r.weight_bytes)} shared + {human_bytes(private_bytes)} private"
         self.refresh()
+
+    def render(self) -> Text:
+        t = Text(self._title, style="bold")
+        bar_w = max(4, self.size.width - self.LABEL_COLUMNS - 10)  # room for the figure after the bar
+        top = max((v for _, v, _ in self._bars), default=0.0) or 1.0
+        if self._bars:
+            t.append("\n")
+        for label, value, color in self._bars:
+            t.append(f"\n{label:<{self.LABEL_COLUMNS}}")
+            t.append("█" * max(1, round(bar_w * value / top)) if value > 0 else "", style=color)
+            t.append(f" {value / 1e6:.3g} MB")
+        if self._footer:
+            t.append(f"\n\n{self._footer}", style="dim")
+        return t
