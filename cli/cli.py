@@ -80,6 +80,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
     g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
     g.add_argument("--tool-tokens", type=_positive_int("--tool-tokens"), default=192, help="M: tool result tokens")
+    g.add_argument("--tool-latency", type=_finite("--tool-latency"), default=0.0, metavar="MEDIAN_S",
+                   help="agents wait for each tool call: lognormal latency with this median, seconds, drawn from "
+                        "the seed (default 0: the result arrives at once)")
+    g.add_argument("--tool-latency-sigma", type=_finite("--tool-latency-sigma"), default=1.0,
+                   help="the tool latency's lognormal sigma (default 1.0)")
+    g.add_argument("--residency", default="keep",
+                   help="where a waiting agent's history lives: keep (in the KV cache), swap (to host memory and "
+                        "back, no re-prefill) or drop (re-prefilled on return)")
     g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,
                    help="KV memory for the whole swarm (preempts beyond)")
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
@@ -207,9 +215,11 @@ def make_backend(args: argparse.Namespace):
 
 def check_flags(args: argparse.Namespace) -> None:
     """The settings flags, checked before a model loads, in the engine's own words."""
-    from swarmtune.engine.settings import check_agents, check_batch_cap, check_kv
+    from swarmtune.engine.settings import check_agents, check_batch_cap, check_kv, check_residency, check_tool_latency
 
     check_kv(args.kv)
+    check_residency(args.residency)
+    check_tool_latency(args.tool_latency, args.tool_latency_sigma)
     check_agents(args.agents)
     if args.batch_cap is not None:
         check_batch_cap(min(args.batch_cap, args.agents), args.agents)
@@ -225,6 +235,7 @@ def engine_settings(args: argparse.Namespace, backend):
         agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
         gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
         reference=not args.no_reference, check=args.check or check_default(),
+        tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
     )
 
 

@@ -66,5 +66,12 @@ class Backend(Protocol):
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
         """While set, a long call gives up (raising Interrupted) as soon as should_stop() says so."""
 
+    def save_seq(self, seq: int) -> tuple[object, int, float]:
+        """Copy seq's state (its cells, and a recurrent state) to host memory: (handle, bytes, seconds).
+        The cache still holds it; the caller drops it."""
+
+    def restore_seq(self, seq: int, handle: object) -> float:
+        """Put a saved state back into the empty seq; returns seconds. NoKVSlot when the cache has no room."""
+
     def cells(self, seq: int) -> tuple[int, int]:
         """(first, last) position seq's cache holds; (-1, -1) when it holds none."""

@@ -19,9 +19,10 @@ from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import EngineSettings, check_agents, check_batch_cap, check_kv, min_context
 from swarmtune.engine.speedup import BatchOneReference, Calibration
-from swarmtune.engine.workload import Agent, AgentState, Workload
+from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
 TAIL_CHARS = 48
+IDLE_SLICE_S = 0.05  # a real engine with every agent waiting for a tool sleeps this long per idle step
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Engine:
         self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents),
                          chunk_tokens=min(settings.chunk_tokens, backend.max_chunk_tokens))
         self.progress = progress or (lambda what, done, total: None)
-        self.workload = Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens)
+        self.workload = Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens,
+                                 self.s.tool_latency_s, self.s.tool_latency_sigma)
         self.slots = max(self.s.agents, 1)
         self.agents: list[Agent] = []
         self.scheduler = Scheduler(self.s.batch_cap, self._budget_tokens(self.s.kv), self.s.chunk_tokens)
@@ -72,6 +74,7 @@ class Engine:
         self.should_stop: Callable[[], bool] = lambda: False  # checked between the chunks of a long rebuild
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
+        self._moves: list[dict] = []  # residency moves since the last record: swaps out and in, drops
 
     # setup
     def _budget_tokens(self, kv: str) -> int:
@@ -202,6 +205,10 @@ class Engine:
             self.check_caches()
         return rec
 
+    def now_s(self) -> float:
+        """The engine's clock: simulated seconds on the sim backend, wall seconds since start otherwise."""
+        return self.clock_s if self.backend.source == "simulated" else time.perf_counter() - self._t0
+
     def check_caches(self) -> None:
         """Every live agent's cells are exactly its history (positions 0..len-1); every other sequence is
         empty. Raises CacheMismatch: a cache that lost or gained tokens makes every later number fiction."""
@@ -215,7 +222,7 @@ class Engine:
                 continue  # added beyond the open streams: it starts at the next rebuild
             used.add(a.seq)
             lo, hi = self.backend.cells(a.seq)
-            if not a.context:
+            if a.residency is not Residency.CACHE or not a.context:
                 ok = (lo, hi) == (-1, -1)
             else:
                 ok = hi == a.context - 1 and (lo == 0 if keeps_all else 0 <= lo <= hi)
@@ -231,6 +238,7 @@ class Engine:
         rec = self._apply_controls()
         if rec is not None:
             return rec
+        self._wake_tools()
         plan = self.scheduler.schedule(self.agents, self.step_index)
         preempted = [a.id for a in plan.preempt or []]
         for a in plan.preempt or []:
@@ -239,12 +247,72 @@ class Engine:
             return self._prefill_step(plan, preempted)
         if plan.kind == "decode" and plan.agents:
             return self._decode_step(plan, preempted)
+        if any(a.state is AgentState.TOOL for a in self.agents):
+            return self._idle_step()
         raise RuntimeError("no agent can run: the KV budget is too small for the swarm")
 
     def _preempt(self, a: Agent) -> None:
         self.backend.drop(a.seq)
+        if a.state is AgentState.TOOL:  # a waiting agent keeps waiting; its history is prefilled on return
+            self._move(a, "drop", self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0, "modeled")
+            a.evict()
+            return
         a.requeue()
         a.state = AgentState.PREEMPTED
+
+    # residency: where a waiting agent's history lives
+    def _move(self, a: Agent, op: str, nbytes: float, seconds: float, source: str) -> None:
+        self._moves.append({"agent": a.id, "op": op, "bytes": int(nbytes), "seconds": seconds, "source": source})
+
+    def _park(self, a: Agent) -> None:
+        """An agent just called a tool: keep its cells, swap them out to host memory, or drop them."""
+        if self.s.residency == "keep" or not a.context:
+            return
+        if self.s.residency == "swap":
+            handle, nbytes, seconds = self.backend.save_seq(a.seq)
+            self.backend.drop(a.seq)
+            a.swapped, a.residency = handle, Residency.HOST
+            self._move(a, "swap_out", nbytes, seconds, self._cost_source)
+            return
+        self.backend.drop(a.seq)
+        self._move(a, "drop", self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0, "modeled")
+        a.evict()
+
+    @property
+    def _cost_source(self) -> str:
+        return "modeled" if self.backend.source == "simulated" else "measured"
+
+    def _wake_tools(self) -> None:
+        """Tool results that have arrived: the agent's history comes back (swapped in, or prefilled again
+        with the result) and the result is queued for prefill."""
+        now = self.now_s()
+        for a in self.agents:
+            if a.state is not AgentState.TOOL or a.tool_ready_at is None or a.tool_ready_at > now:
+                continue
+            if a.residency is Residency.HOST:
+                room = self.scheduler.kv_budget_tokens - self.scheduler.used_tokens(self.agents)
+                try:
+                    if a.context > room:
+                        raise NoKVSlot()
+                    seconds = self.backend.restore_seq(a.seq, a.swapped)
+                    self._move(a, "swap_in", getattr(a.swapped, "nbytes", 0), seconds, self._cost_source)
+                    a.swapped, a.residency = None, Residency.CACHE
+                except NoKVSlot:  # no room to swap in: prefilled again when there is
+                    self._move(a, "swap_in_refused", 0, 0.0, self._cost_source)
+                    a.evict()
+            a.pending = a.pending + a.tool_pending
+            a.tool_pending, a.tool_ready_at = [], None
+            a.residency = Residency.CACHE  # its prefill (history, if dropped, then the result) refills the cells
+            a.state = AgentState.PREFILL
+
+    def _idle_step(self) -> StepRecord:
+        """Every agent waits for a tool: the clock runs to the first return (the sim's), or sleeps a slice."""
+        wait = max(0.0, min(a.tool_ready_at for a in self.agents if a.tool_ready_at is not None) - self.now_s())
+        if self.backend.source == "simulated":
+            return self._record("idle", [], wait, 0, [], note="every agent waits for a tool")
+        t0 = time.perf_counter()
+        time.sleep(min(wait, IDLE_SLICE_S))
+        return self._record("idle", [], time.perf_counter() - t0, 0, [], note="every agent waits for a tool")
 
     def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         a = plan.agents[0]
@@ -299,7 +367,9 @@ class Engine:
             piece = backend.piece(tok)
             if backend.is_eog(tok) or a.turn_generated >= limit_turn or a.context + 2 >= a.limit:
                 a.next_token = None
-                self.workload.end_turn(a)
+                self.workload.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
+                if a.state is AgentState.TOOL:
+                    self._park(a)
             else:
                 a.next_token = tok
                 a.turn_text += piece
@@ -323,10 +393,13 @@ class Engine:
         self.s.kv = kv
         self.analysis.context_opened()
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
-        live = [a for a in self.agents if a.state is not AgentState.PREEMPTED]
+        for a in self.agents:
+            if a.state is AgentState.TOOL and a.residency is Residency.HOST:
+                a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
+        live = [a for a in self.agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE]
         for a in self.agents:
             self.workload.seed_sampler(a)
-            if a.state is AgentState.PREEMPTED:
+            if a not in live:
                 continue
             if not a.history and not a.pending:
                 self.workload.start_task(a)  # an agent added beyond the old streams starts here
@@ -339,7 +412,10 @@ class Engine:
         try:
             for a in sorted(live, key=lambda x: x.id):
                 if self.scheduler.used_tokens(self.agents) + len(a.pending) > budget:
-                    a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; it waits to be readmitted
+                    if a.state is AgentState.TOOL:
+                        a.evict()  # it waits for its tool; its history is prefilled on return
+                    else:
+                        a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; readmitted later
                     preempted.append(a.id)
                     continue
                 while a.pending:
@@ -351,8 +427,9 @@ class Engine:
                     del a.pending[: len(chunk)]
                     done += len(chunk)
                     self.progress("rebuild", done, total)
-                a.next_token = self.backend.first_token_after_prefill(a.seq)
-                a.state = AgentState.DECODE
+                if a.state is not AgentState.TOOL:  # a waiting agent samples after its tool result
+                    a.next_token = self.backend.first_token_after_prefill(a.seq)
+                    a.state = AgentState.DECODE
         finally:
             self.backend.interrupt_with(None)
         wall = time.perf_counter() - t0
@@ -378,8 +455,10 @@ class Engine:
         distinct = sum(measured) / len(measured) if measured else None
         weight_bytes = bm.weight_bytes(tokens, distinct) if batch else 0
         mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
+        moved, self._moves = self._moves, []
+        moved_s = sum(m["seconds"] for m in moved)
         if self.backend.source == "simulated":
-            self.clock_s += seconds
+            self.clock_s += seconds + moved_s
             t = self.clock_s
         else:
             t = time.perf_counter() - self._t0
@@ -388,7 +467,8 @@ class Engine:
             batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views(kind, batch),
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
             source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
-            tokens_per_second=tokens / seconds if seconds > 0 else None,
+            tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
+            moved=moved, residency_seconds=moved_s,
         )
         if batch and bm.state_bytes:
             rec.state_bytes = b * bm.state_bytes
@@ -418,7 +498,7 @@ class Engine:
                 state = "decoding" if a.id in self._decoding_ids else "waiting"
             else:
                 state = a.state.value
-            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail))
+            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value))
         return out
 
     def close(self) -> None:

@@ -11,11 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backend import BackendInfo, NoKVSlot
+from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.kv_types import kv_type
 from swarmtune.engine.model_facts import ModelFacts
@@ -329,6 +330,26 @@ class LlamaBackend:
         ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
+    def save_seq(self, seq: int) -> tuple[object, int, float]:
+        """llama.cpp's own per-sequence state (its cells' K and V rows, a recurrent state), copied to host."""
+        t0 = time.perf_counter()
+        n = ll.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * n)()
+        written = ll.llama_state_seq_get_data(self.ctx, buf, n, seq)
+        if written != n:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {n} bytes for sequence {seq}")
+        return _SavedSeq(buf, n, self.kv), n, time.perf_counter() - t0
+
+    def restore_seq(self, seq: int, handle: object) -> float:
+        assert isinstance(handle, _SavedSeq)
+        if handle.kv != self.kv:  # the rows are in the old cache's type: llama.cpp would read them wrong
+            raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.kv} cache")
+        t0 = time.perf_counter()
+        read = ll.llama_state_seq_set_data(self.ctx, handle.data, handle.nbytes, seq)
+        if read == 0:  # llama.cpp found no room for the cells (and left the sequence empty)
+            raise NoKVSlot()
+        return time.perf_counter() - t0
+
     def cells(self, seq: int) -> tuple[int, int]:
         return ll.llama_memory_seq_pos_min(self.mem, seq), ll.llama_memory_seq_pos_max(self.mem, seq)
 
@@ -344,6 +365,13 @@ class LlamaBackend:
         out = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
         ll.llama_memory_seq_rm(self.mem, seq, pos, -1)
         return out
+
+
+@dataclass(frozen=True)
+class _SavedSeq:
+    data: ctypes.Array  # host memory
+    nbytes: int
+    kv: str
 
 
 def caches_from_log(lines: list[str]) -> dict[str, int]:

@@ -29,6 +29,8 @@ class Profile:
     source: str  # where the numbers come from
     # what a step reads, layer by layer; None: dense, from weight_bytes and kv_bytes_per_token_f16
     layers: ByteModel | None = None
+    # device <-> host copies of a swapped-out history (modeled): PCIe 4.0 x16's 32 GB/s at ~80% efficiency
+    host_link_bytes_per_s: float = 25e9
 
     @property
     def bytes_model(self) -> ByteModel:

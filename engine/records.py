@@ -18,18 +18,19 @@ from swarmtune.engine.errors import UserError
 class AgentView:
     id: int
     context: int  # tokens in this agent's KV cache after the step
-    state: str  # decoding | waiting | prefilling | preempted
+    state: str  # decoding | waiting | prefilling | preempted | tool (waiting for a tool call to return)
     limit: int  # its context limit, tokens
     generated: int  # tokens it has generated since the run began
     turns: int
     tail: str  # the end of the text it is generating
+    residency: str = "cache"  # where its history is: cache (KV cells) | host (swapped out) | none (dropped)
 
 
 @dataclass
 class StepRecord:
     step: int
     t: float  # seconds since the run began (simulated seconds for the sim backend)
-    kind: str  # decode | prefill | rebuild
+    kind: str  # decode | prefill | rebuild | idle (every agent waits for a tool)
     batch: int
     batch_ids: list[int]
     batch_cap: int
@@ -65,6 +66,10 @@ class StepRecord:
     # "measured" (llama.cpp's routing, --moe-routing) or "modeled" (uniform routing, E(1-(1-k/E)^B))
     distinct_experts: float | None = None
     distinct_experts_source: str | None = None
+    # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop),
+    # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
+    moved: list[dict[str, Any]] = field(default_factory=list)
+    residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
     type: str = "step"
 
     def to_json(self) -> str:

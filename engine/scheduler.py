@@ -23,7 +23,13 @@ class Scheduler:
 
     @staticmethod
     def used_tokens(agents: list[Agent]) -> int:
-        return sum(a.context for a in agents if a.state is not AgentState.PREEMPTED)
+        return sum(a.cached_tokens for a in agents)
+
+    @staticmethod
+    def _victim_order(a: Agent) -> tuple[bool, int, int]:
+        """Whom to free first when the budget is short: an agent waiting for a tool (it needs no cells
+        until its tool returns), then the longest history."""
+        return (a.state is AgentState.TOOL, a.context, a.id)
 
     def schedule(self, agents: list[Agent], step: int) -> Plan:
         used = self.used_tokens(agents)
@@ -63,8 +69,7 @@ class Scheduler:
         batch = sorted(ready, key=lambda a: (a.last_served_step, a.id))[: self.batch_cap]
         preempt: list[Agent] = []
         while batch and used + len(batch) > self.kv_budget_tokens:
-            victim = max((a for a in agents if a.state is not AgentState.PREEMPTED and a not in preempt),
-                         key=lambda a: (a.context, a.id))
+            victim = max((a for a in agents if a.cached_tokens and a not in preempt), key=self._victim_order)
             preempt.append(victim)
             used -= victim.context
             if victim in batch:
@@ -73,8 +78,7 @@ class Scheduler:
 
     def _make_room(self, agents: list[Agent], used: int, need: int, keep: Agent) -> list[Agent] | None:
         preempt: list[Agent] = []
-        others = sorted((a for a in agents if a is not keep and a.state is not AgentState.PREEMPTED and a.context > 0),
-                        key=lambda a: (-a.context, a.id))
+        others = sorted((a for a in agents if a is not keep and a.cached_tokens), key=self._victim_order, reverse=True)
         while used + need > self.kv_budget_tokens:
             if not others:
                 return None

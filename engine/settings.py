@@ -1,6 +1,7 @@
 """What an engine runs with, and the one place a value is checked: a bad value reads the same line
 whether it came from a flag, a key, a typed command or an HTTP body."""
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -30,6 +31,25 @@ def check_kv(name: str) -> KVType:
     return kv_type(name)
 
 
+RESIDENCY = ("keep", "swap", "drop")
+
+
+def check_residency(name: str) -> str:
+    """Where an agent's history lives while it waits for a tool: kept in the cache, swapped out to host
+    memory and back (no re-prefill), or dropped and re-prefilled when the tool returns."""
+    if name not in RESIDENCY:
+        raise UserError(f"residency must be one of {', '.join(RESIDENCY)} (got {name!r})", field="residency")
+    return name
+
+
+def check_tool_latency(median_s: float, sigma: float) -> None:
+    if not math.isfinite(median_s) or median_s < 0:
+        raise UserError(f"tool latency must be a finite number of seconds >= 0 (got {median_s})",
+                        field="tool_latency_s")
+    if not math.isfinite(sigma) or sigma < 0:
+        raise UserError(f"tool latency sigma must be finite and >= 0 (got {sigma})", field="tool_latency_sigma")
+
+
 def check_at_least_one(what: str, n: int) -> int:
     if n < 1:
         raise UserError(f"{what} must be at least 1 (got {n})")
@@ -54,6 +74,11 @@ class EngineSettings:
     ctx_per_agent: int = 2048
     kv_budget_bytes: float | None = None  # None: every agent's full context fits
     chunk_tokens: int = 256
+    # how long a tool call keeps an agent out of the batch: lognormal with this median (0: no wait, the
+    # tool result arrives at once) and this sigma, drawn per call from the seed
+    tool_latency_s: float = 0.0
+    tool_latency_sigma: float = 1.0
+    residency: str = "keep"  # keep | swap | drop: where a waiting agent's history lives
     reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
 
@@ -63,6 +88,8 @@ class EngineSettings:
         check_batch_cap(min(self.batch_cap, self.agents), self.agents)  # a cap above the agents is all of them
         check_at_least_one("gen tokens", self.gen_tokens)
         check_at_least_one("tool tokens", self.tool_tokens)
+        check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)
+        check_residency(self.residency)
         need = min_context(self)
         if self.ctx_per_agent < need:
             raise UserError(f"--ctx {self.ctx_per_agent} cannot hold one agent turn (needs at least {need} tokens)")

@@ -5,6 +5,7 @@ Everything it produces is simulated; the engine labels it so.
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.kv_types import KV_TYPES, kv_type
@@ -38,6 +39,13 @@ def sim_facts(p: Profile) -> ModelFacts:
         kv_values_per_token=p.kv_bytes_per_token_f16 / KV_TYPES["f16"].bytes_for(1),
         bytes_model=bm,
     )
+
+
+@dataclass(frozen=True)
+class _SavedSeq:
+    tokens: int
+    nbytes: int
+    kv: str
 
 
 class SimBackend:
@@ -148,6 +156,22 @@ class SimBackend:
 
     def copy(self, src: int, dst: int) -> None:
         self._len[dst] = self._len.get(src, 0)
+
+    def save_seq(self, seq: int) -> tuple[object, int, float]:
+        n = self._len.get(seq, 0)
+        nbytes = int(self.profile.bytes_model.kv_cache_bytes(self.kv, n) + self.profile.bytes_model.state_bytes)
+        return _SavedSeq(n, nbytes, self.kv), nbytes, nbytes / self.profile.host_link_bytes_per_s
+
+    def restore_seq(self, seq: int, handle: object) -> float:
+        assert isinstance(handle, _SavedSeq)
+        if handle.kv != self.kv:  # llama.cpp refuses a state saved from another cache type
+            raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.kv} cache")
+        if self._len.get(seq, 0):
+            raise CacheMismatch(f"sequence {seq}: restored over {self._len[seq]} cached tokens")
+        if handle.tokens > self.ctx_per_seq:
+            raise NoKVSlot()
+        self._len[seq] = handle.tokens
+        return handle.nbytes / self.profile.host_link_bytes_per_s
 
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
         pass  # a simulated step takes no time to compute

@@ -5,6 +5,7 @@ and so on; an agent that would outgrow its context limit starts a fresh task. To
 of Python's own standard-library sources, so nothing is downloaded. Deterministic under the seed.
 """
 
+import math
 import random
 import sysconfig
 from dataclasses import dataclass, field
@@ -33,6 +34,13 @@ class AgentState(Enum):
     PREFILL = "prefilling"  # has tokens waiting to be ingested
     DECODE = "decoding"  # ready to generate (it shows as "waiting" when a step leaves it out)
     PREEMPTED = "preempted"  # cache freed; its whole history must be prefilled again
+    TOOL = "tool"  # waiting for its tool call to return: out of the batch, its history wherever residency put it
+
+
+class Residency(Enum):
+    CACHE = "cache"  # its history's cells are in the KV cache
+    HOST = "host"  # swapped out: its sequence state is in host memory, restored without a re-prefill
+    NONE = "none"  # dropped: its history waits in `pending`, to be prefilled again
 
 
 @dataclass
@@ -52,10 +60,28 @@ class Agent:
     tail: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
     turn_text: str = ""
+    tool_ready_at: float | None = None  # when its tool call returns (the engine's clock), while in TOOL
+    tool_pending: list[int] = field(default_factory=list)  # the tool result, ingested once it returns
+    residency: Residency = Residency.CACHE
+    swapped: object | None = None  # its sequence state in host memory (the backend's opaque handle)
 
     @property
     def context(self) -> int:
         return len(self.history)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens it holds in the KV cache now: none while preempted, swapped out or dropped."""
+        if self.state is AgentState.PREEMPTED or self.residency is not Residency.CACHE:
+            return 0
+        return len(self.history)
+
+    def evict(self) -> None:
+        """Its cells are gone while it waits for a tool: its history will be prefilled again on return."""
+        self.pending = self.history + self.pending
+        self.history = []
+        self.residency = Residency.NONE
+        self.swapped = None
 
     def requeue(self) -> None:
         """Its cache is gone: everything it held (and its sampled next token) must be prefilled again."""
@@ -70,11 +96,14 @@ def _stdlib_sources() -> list[Path]:
 
 
 class Workload:
-    def __init__(self, backend: Backend, seed: int, gen_tokens: int, tool_tokens: int) -> None:
+    def __init__(self, backend: Backend, seed: int, gen_tokens: int, tool_tokens: int,
+                 tool_latency_s: float = 0.0, tool_latency_sigma: float = 1.0) -> None:
         self.backend = backend
         self.seed = seed
         self.gen_tokens = gen_tokens  # T: the most tokens an agent generates in one turn
         self.tool_tokens = tool_tokens  # M: tokens of each tool result
+        self.tool_latency_s = tool_latency_s  # the median wait for a tool call; 0: none
+        self.tool_latency_sigma = tool_latency_sigma
         self.sources = _stdlib_sources()
         self._text_cache: dict[Path, str] = {}
 
@@ -101,6 +130,8 @@ class Workload:
         agent.next_token = None
         agent.turn_generated = 0
         agent.turn_text = ""
+        agent.tool_ready_at, agent.tool_pending = None, []
+        agent.residency, agent.swapped = Residency.CACHE, None
         self.seed_sampler(agent)
 
     def seed_sampler(self, agent: Agent) -> None:
@@ -120,8 +151,15 @@ class Workload:
         start = r.randrange(0, max(1, len(text) - span))
         return f"$ sed -n ... {path.name}\n" + text[start : start + span]
 
-    def end_turn(self, agent: Agent) -> None:
-        """After generating: the tool result arrives, or, near the limit, a fresh task begins."""
+    def tool_latency(self, agent: Agent) -> float:
+        """Seconds this turn's tool call takes: lognormal around the median, drawn from the seed."""
+        if self.tool_latency_s <= 0:
+            return 0.0
+        return self.rng(agent, 2).lognormvariate(math.log(self.tool_latency_s), self.tool_latency_sigma)
+
+    def end_turn(self, agent: Agent, now_s: float = 0.0) -> None:
+        """After generating: the agent calls a tool, whose result arrives after the tool's latency (at
+        once without one), or, near the limit, a fresh task begins. now_s: the engine's clock."""
         agent.turns += 1
         if agent.context + self.turn_budget() > agent.limit:
             self.start_task(agent)
@@ -134,8 +172,14 @@ class Workload:
         agent.messages.append({"role": "user", "content": "Tool result:\n" + tool})
         after = self.backend.chat(agent.messages, add_assistant=True)
         delta = after[len(before) :] if after.startswith(before) else after
-        agent.pending = self.backend.tokenize(delta)
-        agent.state = AgentState.PREFILL
         agent.turn_generated = 0
+        wait_s = self.tool_latency(agent)
+        if wait_s > 0:
+            agent.tool_pending = self.backend.tokenize(delta)
+            agent.tool_ready_at = now_s + wait_s
+            agent.state = AgentState.TOOL
+        else:
+            agent.pending = self.backend.tokenize(delta)
+            agent.state = AgentState.PREFILL
         agent.turn_text = ""
         agent.next_token = None

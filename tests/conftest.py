@@ -64,3 +64,14 @@ def llama_backend(model_path):
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def fresh(model_path):
+    """A second llama.cpp context on the same model: what an untouched cache computes."""
+    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(model_path), n_threads=2)
+    yield b
+    b.close()

@@ -18,17 +18,6 @@ pytestmark = pytest.mark.model
 SETTINGS = dict(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=64)
 
 
-@pytest.fixture(scope="module")
-def fresh(model_path):
-    """A second llama.cpp context on the same model: what an untouched cache computes."""
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
-
-    b = LlamaBackend(read_model_facts(model_path), n_threads=2)
-    yield b
-    b.close()
-
-
 def _kl_nats(got: np.ndarray, want: np.ndarray) -> float:
     """KL(want || got) of the next-token distributions: a constant logit offset (a different kernel path
     for decode than for prefill) costs nothing, a different context costs a lot."""

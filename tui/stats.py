@@ -38,9 +38,10 @@ class Stats:
         while self.window and t - self.window[0][0] > WINDOW_S:
             self.window.popleft()
         waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
+        at_tool = sum(1 for a in r.agents if a.state == "tool")
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is
             self.latest_decode = r
-            self.batch_history.append((r.step, r.batch, r.batch_cap, waiting))
+            self.batch_history.append((r.step, r.batch, r.batch_cap, waiting, at_tool))
             if r.measured_speedup is not None:
                 self.measured_points.append((r.mean_context, r.measured_speedup, r.batch))
         if r.kind == "decode" and r.joules is not None:  # every decode's energy, reference steps' too

@@ -9,7 +9,10 @@ from textual.widgets import Static
 
 from swarmtune.tui.stats import Stats
 
-STATE_STYLE = {"decoding": "green", "waiting": "yellow", "prefilling": "cyan", "preempted": "red", "idle": "dim"}
+STATE_STYLE = {"decoding": "green", "waiting": "yellow", "prefilling": "cyan", "preempted": "red", "idle": "dim",
+               "tool": "blue"}
+# where a waiting agent's history is, after its state: in the cache (nothing shown), host memory, nowhere
+RESIDENCY_MARK = {"cache": "", "host": " ↓host", "none": " ↓drop"}
 BAR = 8
 # column widths; the text tail takes what is left of the line
 ID_W, STATE_W, CONTEXT_W, GEN_W, RATE_W = 2, 10, 20, 6, 6
@@ -46,8 +49,9 @@ class AgentsTable(Static):
                                " ", cell("gen", GEN_W, True), " ", cell("tok/s", RATE_W, True), " ",
                                cell("text", tail_w), style="bold")]
         for a in r.agents:
+            state = Text(a.state + RESIDENCY_MARK.get(a.residency, ""), style=STATE_STYLE.get(a.state, ""))
             lines.append(Text.assemble(
-                cell(str(a.id), ID_W, True), " ", cell(Text(a.state, style=STATE_STYLE.get(a.state, "")), STATE_W),
+                cell(str(a.id), ID_W, True), " ", cell(state, STATE_W),
                 " ", cell(context_bar(a.context, a.limit), CONTEXT_W), " ", cell(f"{a.generated:,}", GEN_W, True),
                 " ", cell(f"{stats.agent_tokens_per_second(a.id):.1f}", RATE_W, True), " ",
                 cell(a.tail.replace("\n", " ")[-40:], tail_w),
