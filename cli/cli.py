@@ -3,6 +3,7 @@ engine) and hands it to the dashboard, `record` or `serve`. Bad input ends in on
 exit status 2, never a traceback."""
 
 import argparse
+import json
 import math
 import os
 import signal
@@ -88,6 +89,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--residency", default="keep",
                    help="where a waiting agent's history lives: keep (in the KV cache), swap (to host memory and "
                         "back, no re-prefill) or drop (re-prefilled on return)")
+    g.add_argument("--autotune", metavar="OBJECTIVE", default=None,
+                   help="let the tuner hold the best batch cap, KV type and residency: tokens_per_s, "
+                        "joules_per_token, or floor:X (tokens/s with no agent below X tok/s); 't' in the dashboard")
+    g.add_argument("--tune-kv", default=None, metavar="LIST",
+                   help="KV types the tuner may use, e.g. f16,q8_0 (default: only --kv; KV precision costs "
+                        "quality, and only you may trade it)")
+    g.add_argument("--power-cap-w", type=_finite("--power-cap-w"), default=None,
+                   help="the tuner keeps mean power under this many watts (measured or modeled)")
     g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,
                    help="KV memory for the whole swarm (preempts beyond)")
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
@@ -186,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
     rp.add_argument("file")
     rp.add_argument("--speed", type=_finite("--speed"), default=1.0, help="playback speed (2 = twice as fast)")
+    tn = sub.add_parser("tune", help="run the tuner headless; print the best setting as llama-server, vLLM and "
+                                     "ZINC flags")
+    add_engine_flags(tn)
+    tn.add_argument("--duration", type=_finite("--duration"), default=None,
+                    help="seconds of the engine's clock to tune for (simulated seconds with --sim; default 600 "
+                         "simulated, 120 real)")
+    tn.add_argument("--json", dest="json_path", default=None, help="write the result as JSON ('-': stdout)")
     sub.add_parser("profiles", help="list the sim backend's hardware profiles")
     pw = sub.add_parser("power", help="list the power sources: available or not, and why")
     pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")
@@ -239,16 +255,33 @@ def engine_settings(args: argparse.Namespace, backend):
     )
 
 
+def tuner_goal(args: argparse.Namespace):
+    from swarmtune.engine.tuner import Goal, parse_allowed_kv, parse_objective
+
+    objective, floor = parse_objective(args.autotune or "tokens_per_s")
+    allowed = parse_allowed_kv(args.tune_kv) if args.tune_kv else (args.kv,)
+    if args.kv not in allowed:
+        raise UserError(f"--tune-kv {args.tune_kv} leaves out --kv {args.kv}, the type the run starts at")
+    if args.power_cap_w is not None and args.power_cap_w <= 0:
+        raise UserError(f"--power-cap-w must be positive (got {args.power_cap_w})")
+    return Goal(objective=objective, floor_tokens_per_s=floor, allowed_kv=allowed, power_cap_watts=args.power_cap_w)
+
+
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
     from swarmtune.engine.power.meter import make_meter
+    from swarmtune.engine.tuner import Tuner
 
     check_flags(args)
+    goal = tuner_goal(args)
     backend = make_backend(args)
     try:
         settings = engine_settings(args, backend)
         meter = make_meter(args.power, getattr(backend, "profile", None))
-        return Engine(backend, settings, progress=progress, meter=meter)
+        if args.autotune and (goal.objective == "joules_per_token" or goal.power_cap_watts) and meter.label is None:
+            raise UserError(f"the tuner's objective needs power, and there is none: {meter.reason}")
+        return Engine(backend, settings, progress=progress, meter=meter, tuner=Tuner(goal),
+                      autotune=args.autotune is not None)
     except BaseException:
         backend.close()
         raise
@@ -452,6 +485,68 @@ def _dashboard(source) -> int:
     return run_app(source)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Headless: the engine with its tuner on for --duration, then the setting it holds, as engine flags."""
+    from swarmtune.engine.engine_flags import engine_flags
+    from swarmtune.engine.tuner import Tally
+
+    args.autotune = args.autotune or "tokens_per_s"
+    if args.duration is not None and args.duration <= 0:
+        raise UserError(f"--duration must be positive (got {args.duration})")
+    if args.json_path and args.json_path != "-" and not Path(args.json_path).parent.exists():
+        raise UserError(f"cannot write {args.json_path}: folder {Path(args.json_path).parent} does not exist")
+    e = make_engine(args)
+    duration = args.duration or (600.0 if e.backend.source == "simulated" else 120.0)
+    flag = _stop_on_signals()
+    decisions, whole, last = [], Tally(), []
+    say = (lambda *a: print(*a, file=sys.stderr)) if args.json_path == "-" else print
+    try:
+        e.start()
+        while e.now_s() < duration and not flag["stop"]:
+            r = e.step()
+            whole.add(r)
+            last.append(r)
+            if r.kind == "tune":
+                decisions.append(r.tune | {"t": r.t})
+                say(f"{r.t:8.1f} s  {r.note}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        st = e.state()
+        tail = Tally()
+        for r in last:
+            if r.t >= e.now_s() - e.tuner.goal.dwell_s:
+                tail.add(r)
+        f = e.facts
+        prof = getattr(e.backend, "profile", None)
+        flags = engine_flags(st.batch_cap, st.kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
+                             e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None))
+        source = e.backend.source
+        e.close()
+    result = {
+        "objective": e.tuner.goal.objective, "setting": {"batch_cap": st.batch_cap, "kv": st.kv,
+                                                         "residency": st.residency},
+        "tuned_for_s": round(e.now_s(), 1), "clock": "simulated" if source == "simulated" else "wall",
+        "tokens_per_s": {"whole_run": round(whole.tokens / whole.seconds, 2) if whole.seconds else None,
+                         "last_dwell": round(tail.tokens / tail.seconds, 2) if tail.seconds else None,
+                         "source": source},
+        "decisions": decisions, "engines": [x.as_dict() for x in flags],
+    }
+    say(f"best setting: cap {st.batch_cap}, KV {st.kv}, residency {st.residency} "
+        f"({result['tokens_per_s']['whole_run']} tok/s over the run, {source})")
+    for x in flags:
+        say(f"  {x.engine:12} {' '.join(x.flags)}")
+        for n in x.notes:
+            say(f"  {'':12} {n}")
+    if args.json_path:
+        text = json.dumps(result, indent=2)
+        if args.json_path == "-":
+            print(text)
+        else:
+            Path(args.json_path).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from swarmtune.engine.sources.live import LiveSource
 
@@ -533,8 +628,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
-    "run": cmd_run, "record": cmd_record, "replay": cmd_replay, "sweep": cmd_sweep, "profiles": cmd_profiles,
-    "power": cmd_power, "serve": cmd_serve, "attach": cmd_attach,
+    "run": cmd_run, "tune": cmd_tune, "record": cmd_record, "replay": cmd_replay, "sweep": cmd_sweep,
+    "profiles": cmd_profiles, "power": cmd_power, "serve": cmd_serve, "attach": cmd_attach,
 }
 
 

@@ -6,7 +6,7 @@ from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.power.ledger import EnergyLedger
 from swarmtune.engine.power.meter import StepPower
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.speedup import BatchOneReference, Calibration
+from swarmtune.engine.speedup import BatchOneReference, Calibration, Fit
 
 REFIT_EVERY_STEPS = 16
 # A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
@@ -33,6 +33,11 @@ class StepAnalysis:
     def context_opened(self) -> None:
         """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
         self._fresh_context = True
+
+    def fit(self, kv: str) -> Fit | None:
+        """The step-time fit measured at this KV type, if any steps ran at it."""
+        c = self._calibrations.get(kv)
+        return c.fit if c is not None else None
 
     def calibration(self, kv: str) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())

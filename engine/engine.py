@@ -17,7 +17,14 @@ from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.power.meter import NoMeter
 from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.engine.scheduler import Plan, Scheduler
-from swarmtune.engine.settings import EngineSettings, check_agents, check_batch_cap, check_kv, min_context
+from swarmtune.engine.settings import (
+    EngineSettings,
+    check_agents,
+    check_batch_cap,
+    check_kv,
+    check_residency,
+    min_context,
+)
 from swarmtune.engine.speedup import BatchOneReference, Calibration
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
@@ -30,6 +37,8 @@ class Control:
     batch_cap: int | None = None
     kv: str | None = None
     agents: int | None = None
+    residency: str | None = None
+    autotune: bool | None = None
 
 
 @dataclass
@@ -38,11 +47,14 @@ class EngineState:
     batch_cap: int
     kv: str
     agents: int
+    residency: str = "keep"
+    autotune: bool | None = None  # None: this engine has no tuner
 
 
 class Engine:
     def __init__(self, backend: Backend, settings: EngineSettings,
-                 progress: Callable[[str, int, int], None] | None = None, meter=None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None, meter=None, tuner=None,
+                 autotune: bool = False) -> None:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts
@@ -65,7 +77,10 @@ class Engine:
         self._t0 = 0.0
         self._controls: queue.Queue[Control] = queue.Queue()
         self._lock = threading.Lock()
-        self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents)
+        self.tuner = tuner  # engine/tuner.py: watches every record, turns the controls through request()
+        self.autotune = autotune and tuner is not None
+        self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents, self.s.residency,
+                                          self.autotune if tuner is not None else None)
         self.started = False
         self.started_at = ""
         self.run_id = ""
@@ -75,6 +90,7 @@ class Engine:
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
         self._moves: list[dict] = []  # residency moves since the last record: swaps out and in, drops
+        self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
     # setup
     def _budget_tokens(self, kv: str) -> int:
@@ -134,8 +150,11 @@ class Engine:
         }
 
     # controls: validated now, in the caller's thread; applied at the next step
-    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None) -> EngineState:
+    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
+                residency: str | None = None, autotune: bool | None = None) -> EngineState:
         with self._lock:
+            if autotune is not None and self.tuner is None:
+                raise UserError("this engine has no tuner", field="autotune")
             st = self._pending_state
             n_agents = check_agents(agents) if agents is not None else st.agents
             if batch_cap is not None:
@@ -146,13 +165,18 @@ class Engine:
                     budget = self._budget_tokens(kv)
                     if budget < min_context(self.s):
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
+            if residency is not None:
+                check_residency(residency)
             new = EngineState(
                 batch_cap=batch_cap if batch_cap is not None else min(st.batch_cap, n_agents),
                 kv=kv or st.kv,
                 agents=n_agents,
+                residency=residency or st.residency,
+                autotune=st.autotune if autotune is None else autotune,
             )
             self._pending_state = new
-            self._controls.put(Control(batch_cap=batch_cap, kv=kv, agents=agents))
+            self._controls.put(Control(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency,
+                                       autotune=autotune))
             return new
 
     def state(self) -> EngineState:
@@ -170,6 +194,12 @@ class Engine:
                 self._set_agents(c.agents)
             if c.batch_cap is not None:
                 self.s.batch_cap = c.batch_cap
+            if c.residency is not None:
+                self.s.residency = c.residency  # where the next agent to call a tool parks its history
+            if c.autotune is not None and c.autotune != self.autotune:
+                self.autotune = c.autotune
+                if c.autotune:
+                    self.tuner.restart()  # it measures from now, not from before it was turned off
             if c.kv is not None and c.kv != self.s.kv:
                 rebuild_to = c.kv
         self.s.batch_cap = min(self.s.batch_cap, len(self.agents))
@@ -198,11 +228,25 @@ class Engine:
 
     # one step
     def step(self) -> StepRecord:
+        if self._queued:
+            return self._queued.pop(0)
         if not self.started:
             self.start()
         rec = self._step()
         if self.s.check:
             self.check_caches()
+        if self.autotune:
+            for note in self.tuner.observe(self, rec):
+                self._queued.append(self.tune_record(note))
+        return rec
+
+    def tune_record(self, tune: dict) -> StepRecord:
+        """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
+        rec = StepRecord(step=self.step_index, t=round(self.now_s(), 6), kind="tune", batch=0, batch_ids=[],
+                         batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views("tune", []),
+                         weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source,
+                         note=tune.get("why", ""), tune=tune)
+        self.step_index += 1
         return rec
 
     def now_s(self) -> float:

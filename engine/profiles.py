@@ -31,6 +31,7 @@ class Profile:
     layers: ByteModel | None = None
     # device <-> host copies of a swapped-out history (modeled): PCIe 4.0 x16's 32 GB/s at ~80% efficiency
     host_link_bytes_per_s: float = 25e9
+    device_memory_bytes: float | None = None  # the card's memory (vLLM's --gpu-memory-utilization is a share of it)
 
     @property
     def bytes_model(self) -> ByteModel:
@@ -80,6 +81,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile(
             name="rx9070xt-qwen3.5-9b",
+            device_memory_bytes=16e9,
             description="RX 9070 XT (16 GB, 640 GB/s), Qwen3.5-9B Q4_K_M: the seed documents' numbers",
             model_name="Qwen3.5-9B Q4_K_M (simulated)",
             weight_bytes=_QWEN_W,
@@ -97,6 +99,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="rx9070xt-gpt-oss-20b",
+            device_memory_bytes=16e9,
             description="RX 9070 XT (16 GB), gpt-oss-20b (MoE 32 experts top-4, 128-token window on half the "
                         "layers): simulated from the model's published config",
             model_name="gpt-oss-20b MXFP4 (simulated)",
@@ -116,6 +119,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="rtx4090-qwen3.5-9b",
+            device_memory_bytes=24e9,
             description="RTX 4090 (24 GB, 1008 GB/s spec), Qwen3.5-9B Q4_K_M, the RX 9070 XT's efficiency assumed",
             model_name="Qwen3.5-9B Q4_K_M (simulated)",
             weight_bytes=_QWEN_W,

@@ -30,7 +30,7 @@ class AgentView:
 class StepRecord:
     step: int
     t: float  # seconds since the run began (simulated seconds for the sim backend)
-    kind: str  # decode | prefill | rebuild | idle (every agent waits for a tool)
+    kind: str  # decode | prefill | rebuild | idle (every agent waits for a tool) | tune (a tuner's decision)
     batch: int
     batch_ids: list[int]
     batch_cap: int
@@ -70,6 +70,9 @@ class StepRecord:
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
     moved: list[dict[str, Any]] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
+    # kind "tune": the tuner's decision or its outcome (engine/tuner.py): phase, setting before and after,
+    # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
+    tune: dict[str, Any] | None = None
     type: str = "step"
 
     def to_json(self) -> str:

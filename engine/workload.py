@@ -5,6 +5,7 @@ and so on; an agent that would outgrow its context limit starts a fresh task. To
 of Python's own standard-library sources, so nothing is downloaded. Deterministic under the seed.
 """
 
+import functools
 import math
 import random
 import sysconfig
@@ -90,6 +91,7 @@ class Agent:
         self.next_token = None
 
 
+@functools.cache
 def _stdlib_sources() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     return sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
@@ -104,7 +106,7 @@ class Workload:
         self.tool_tokens = tool_tokens  # M: tokens of each tool result
         self.tool_latency_s = tool_latency_s  # the median wait for a tool call; 0: none
         self.tool_latency_sigma = tool_latency_sigma
-        self.sources = _stdlib_sources()
+        self.sources = list(_stdlib_sources())
         self._text_cache: dict[Path, str] = {}
 
     def rng(self, agent: Agent, salt: int) -> random.Random:

@@ -31,8 +31,9 @@ UI_INTERVAL_S = 0.1  # at most ~10 batches of records a second reach the UI
 PANEL_INTERVAL_S = {StatusLine: 0.25, AgentsTable: 0.5, PowerPanel: 0.5, BatchPlot: 1.0, BytesPlot: 1.0,
                     SpeedupPlot: 2.0}
 LIVE_HELP = (
-    "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE, cap N, agents N) | "
-    "+/- batch cap | a/x add/remove agent | space pause | r reset statistics | q quit"
+    "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE, cap N, agents N, "
+    "residency keep|swap|drop, autotune on|off) | +/- batch cap | a/x add/remove agent | t tuner on/off | "
+    "space pause | r reset statistics | q quit"
 )
 REPLAY_HELP = (
     "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
@@ -48,6 +49,7 @@ class SwarmApp(App):
         Binding("plus,equals_sign", "cap(1)", "cap +", key_display="+"),
         Binding("minus", "cap(-1)", "cap -", key_display="-"),
         Binding("a", "agents(1)", "add agent"),
+        Binding("t", "autotune", "autotune"),
         Binding("x", "agents(-1)", "remove agent"),
         Binding("space", "pause", "pause"),
         Binding("full_stop", "step_once", "step", key_display="."),
@@ -166,7 +168,7 @@ class SwarmApp(App):
         self.source.stop()
         return self.engine_stopped.wait(timeout_s)
 
-    CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command"}
+    CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command", "autotune"}
     REPLAY_ACTIONS = {"step_once", "seek", "speed"}
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -205,6 +207,8 @@ class SwarmApp(App):
     def on_steps_arrived(self, message: StepsArrived) -> None:
         for r in message.records:
             self.stats.add(r)
+            if r.kind == "tune":  # every decision of the tuner, and its outcome, is a line on screen
+                self.notify(r.note, title="tuner", timeout=12)
         self._dirty = True
 
     def on_engine_progress(self, message: EngineProgress) -> None:
@@ -239,6 +243,7 @@ class SwarmApp(App):
         if now - self._painted.get(StatusLine, 0.0) >= PANEL_INTERVAL_S[StatusLine] or self._force_status:
             self._painted[StatusLine] = now
             self._force_status = False
+            s.tuner_on = bool(self.source.state().autotune)
             self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
         for panel in (AgentsTable, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
             # Plots cost the most to render; on a small CPU that time is taken from the engine's thread
@@ -262,7 +267,9 @@ class SwarmApp(App):
         except UserError as e:
             self.notify(str(e), severity="error")
             return
-        self.notify(f"KV {st.kv}, batch cap {st.batch_cap}, agents {st.agents}", timeout=3)
+        tuner = "" if st.autotune is None else f", tuner {'on' if st.autotune else 'off'}"
+        self.notify(f"KV {st.kv}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}",
+                    timeout=3)
 
     def action_cycle_kv(self) -> None:
         cur = self.source.state().kv
@@ -281,6 +288,13 @@ class SwarmApp(App):
 
     def action_agents(self, delta: int) -> None:
         self._control(agents=self.source.state().agents + delta)
+
+    def action_autotune(self) -> None:
+        on = self.source.state().autotune
+        if on is None:
+            self.notify("this engine has no tuner (swarmtune run or serve have one)", severity="warning")
+            return
+        self._control(autotune=not on)
 
     def action_pause(self) -> None:
         try:
@@ -327,12 +341,22 @@ class SwarmApp(App):
     def run_command(self, event: Input.Submitted) -> None:
         self._close_command()
         parts = event.value.split()
-        if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents"):
-            self.notify(f"unknown command {event.value!r}: use kv TYPE, cap N or agents N", severity="error")
+        if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
+            self.notify(f"unknown command {event.value!r}: use kv TYPE, cap N, agents N, residency keep|swap|drop "
+                        "or autotune on|off", severity="error")
             return
         what, value = parts
         if what == "kv":
             self._control(kv=value)  # the source checks it, as it checks a flag or an HTTP body
+            return
+        if what == "residency":
+            self._control(residency=value)
+            return
+        if what == "autotune":
+            if value not in ("on", "off"):
+                self.notify(f"autotune takes on or off (got {value!r})", severity="error")
+                return
+            self._control(autotune=value == "on")
             return
         try:
             n = whole_number(what, value)

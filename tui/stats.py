@@ -23,6 +23,7 @@ class Stats:
     joules: float = 0.0
     energy_tokens: int = 0
     rebuild_note: str = ""
+    tuner_on: bool = False  # the source's tuner holds the settings (the app sets it from the source's state)
 
     def reset(self) -> None:
         header = self.header

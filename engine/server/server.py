@@ -21,7 +21,7 @@ from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.server.metrics import make_registry
 from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.settings import MAX_AGENTS
+from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
 OPEN_PATHS = ("/metrics",)
 
@@ -34,6 +34,9 @@ class ControlBody(BaseModel):
                                   json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
     kv_type: str | None = Field(default=None, json_schema_extra={"enum": list(KV_TYPES)})
     agents: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
+    residency: str | None = Field(default=None, json_schema_extra={"enum": list(RESIDENCY)},
+                                  description="where a waiting agent's history lives")
+    autotune: bool | None = Field(default=None, description="the tuner on or off (its objective is the server's)")
     paused: bool | None = None
 
 
@@ -41,7 +44,14 @@ class Settings(BaseModel):
     batch_cap: int
     kv_type: str
     agents: int
+    residency: str
+    autotune: bool | None  # None: this engine has no tuner
     paused: bool
+
+
+def _settings(st, paused: bool) -> Settings:
+    return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, residency=st.residency,
+                    autotune=st.autotune, paused=paused)
 
 
 def is_loopback(host: str) -> bool:
@@ -101,8 +111,7 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
         st = runner.engine.state()
         return {
             "step": json.loads(r.to_json()) if r else None,
-            "settings": Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents,
-                                 paused=runner.paused).model_dump(),
+            "settings": _settings(st, runner.paused).model_dump(),
             "tokens_per_second": runner.rolling.tokens_per_second,
             "error": runner.error,
         }
@@ -147,13 +156,14 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
     async def control(body: ControlBody):
         st = runner.engine.state()
         try:  # validated by the engine, in one place: the same line as from a flag, a key or a typed command
-            if body.batch_cap is not None or body.kv_type is not None or body.agents is not None:
-                st = runner.engine.request(batch_cap=body.batch_cap, kv=body.kv_type, agents=body.agents)
+            if any(v is not None for v in (body.batch_cap, body.kv_type, body.agents, body.residency, body.autotune)):
+                st = runner.engine.request(batch_cap=body.batch_cap, kv=body.kv_type, agents=body.agents,
+                                           residency=body.residency, autotune=body.autotune)
         except UserError as e:
             return _invalid(e.field or "body", str(e))
         if body.paused is not None:
             runner.paused = body.paused
-        return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, paused=runner.paused)
+        return _settings(st, runner.paused)
 
     @app.get("/metrics", summary="Prometheus exposition", response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})

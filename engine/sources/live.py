@@ -22,9 +22,9 @@ class LiveSource:
     def header(self) -> dict:
         return self.engine.header()
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None,
-                agents: int | None = None) -> EngineState:
-        return self.engine.request(batch_cap=batch_cap, kv=kv, agents=agents)
+    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
+                residency: str | None = None, autotune: bool | None = None) -> EngineState:
+        return self.engine.request(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency, autotune=autotune)
 
     def state(self) -> EngineState:
         return self.engine.state()

@@ -43,8 +43,8 @@ class Source(Protocol):
 
     def state(self) -> EngineState: ...
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None,
-                agents: int | None = None) -> EngineState:
+    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
+                residency: str | None = None, autotune: bool | None = None) -> EngineState:
         """Change settings; raises UserError (one line) when the value or the source refuses it."""
 
     def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:

@@ -39,18 +39,19 @@ class RemoteSource:
     def paused(self, value: bool) -> None:
         self._control(paused=value)
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None,
-                agents: int | None = None) -> EngineState:
-        return self._control(batch_cap=batch_cap, kv=kv, agents=agents)
+    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
+                residency: str | None = None, autotune: bool | None = None) -> EngineState:
+        return self._control(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency, autotune=autotune)
 
     def _control(self, paused: bool | None = None, **kw) -> EngineState:
         try:
             s = self.client.control(batch_cap=kw.get("batch_cap"), kv_type=kw.get("kv"), agents=kw.get("agents"),
-                                    paused=paused)
+                                    residency=kw.get("residency"), autotune=kw.get("autotune"), paused=paused)
         except httpx.HTTPError as e:
             raise UserError(f"the remote engine did not answer: {e}") from None
         self._paused = s["paused"]
-        self._settings = EngineState(s["batch_cap"], s["kv_type"], s["agents"])
+        self._settings = EngineState(s["batch_cap"], s["kv_type"], s["agents"], s.get("residency", "keep"),
+                                     s.get("autotune"))
         return self._settings
 
     def state(self) -> EngineState:
@@ -68,7 +69,8 @@ class RemoteSource:
                     run_id = info.get("run_id")
                     sink.header(info)
                 st = self.client.state()["settings"]
-                self._settings = EngineState(st["batch_cap"], st["kv_type"], st["agents"])
+                self._settings = EngineState(st["batch_cap"], st["kv_type"], st["agents"], st.get("residency", "keep"),
+                                             st.get("autotune"))
                 self._paused = st["paused"]
                 self._stream(sink, cancelled)
             except (httpx.HTTPError, OSError, ValueError) as e:

@@ -27,6 +27,8 @@ class StatusLine(Static):
         t.append(f" ({src}) {stats.steps_per_second:,.1f} steps/s")
         if r is not None:
             t.append(f" | KV {r.kv_type} | cap {r.batch_cap} | {len(r.agents)} agents")
+            if stats.tuner_on:
+                t.append(" | tuner on", style="bold magenta")
         if extra:
             t.append(f" | {extra}", style="italic")
         model = h.get("model", {}).get("name", "?")

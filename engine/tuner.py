@@ -1,0 +1,437 @@
+"""The auto-tuner: holds a running swarm at its best setting (batch cap, KV type, residency) as it moves.
+
+At the end of each epoch it forecasts the next `horizon_s` seconds from the swarm's present state (every
+agent's context, state and tool wait) under the current setting and under its neighbours, by running the
+workload forward in a simulator: the sim profile itself on the sim backend, or, on a real one, a
+simulator calibrated on this run (the step-time fit per KV type, the measured prefill rate and swap
+bandwidth). It switches only when the forecast gain beats a margin, no sooner than `dwell_s` after its
+last change, and back to a setting it left only once the contexts have moved (hysteresis); a KV switch
+pays its re-prefill inside the forecast. Each decision is a `tune` record; `dwell_s` later a second one
+says what was measured against what was forecast for the same stretch.
+
+Forecasts draw tool latencies from their own stream: the tuner does not know the future.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this module
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.power.meter import ModeledMeter, NoMeter
+from swarmtune.engine.profiles import Profile
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.settings import RESIDENCY
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.speedup import Fit
+from swarmtune.engine.workload import AgentState, Residency
+
+OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
+FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
+
+
+@dataclass(frozen=True)
+class Setting:
+    batch_cap: int
+    kv: str
+    residency: str
+
+    def label(self) -> str:
+        return f"cap {self.batch_cap}, KV {self.kv}, {self.residency}"
+
+    def as_dict(self) -> dict:
+        return {"batch_cap": self.batch_cap, "kv": self.kv, "residency": self.residency}
+
+
+@dataclass(frozen=True)
+class Goal:
+    objective: str = "tokens_per_s"  # tokens_per_s | joules_per_token | floor
+    floor_tokens_per_s: float = 0.0  # floor: no agent below this rate
+    allowed_kv: tuple[str, ...] = ()  # KV types the tuner may use; () = only the run's own (quality is the user's call)
+    power_cap_watts: float | None = None
+    epoch_s: float = 10.0  # how often it looks
+    # how far each forecast runs: long enough to pay back a KV switch's re-prefill, which a short one
+    # would always count against it
+    horizon_s: float = 120.0
+    dwell_s: float = 30.0  # the least time between two changes; the outcome is measured over it
+    margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
+    revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
+    forecast_seeds: int = 2  # tool-latency draws per forecast, the same for every candidate (averaged)
+
+
+def parse_objective(text: str) -> tuple[str, float]:
+    """tokens_per_s | joules_per_token | floor:X (tokens/s with no agent below X tok/s)."""
+    name, _, arg = text.partition(":")
+    if name not in OBJECTIVES:
+        raise UserError(f"unknown objective {text!r}: use tokens_per_s, joules_per_token or floor:X", field="autotune")
+    if name == "floor":
+        try:
+            floor = float(arg)
+        except ValueError:
+            floor = math.nan
+        if not math.isfinite(floor) or floor <= 0:
+            raise UserError(f"objective floor needs a rate in tok/s, e.g. floor:2 (got {text!r})", field="autotune")
+        return name, floor
+    if arg:
+        raise UserError(f"objective {name} takes no value (got {text!r})", field="autotune")
+    return name, 0.0
+
+
+def parse_allowed_kv(text: str) -> tuple[str, ...]:
+    return tuple(kv_type(k.strip()).name for k in text.split(",") if k.strip())
+
+
+@dataclass
+class Tally:
+    """What a stretch of steps did: the inputs of every objective."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    joules: float = 0.0
+    joules_known: bool = True
+    watt_seconds: float = 0.0
+    per_agent: dict[int, int] | None = None
+
+    def add(self, r: StepRecord) -> None:
+        if r.kind == "tune":
+            return
+        span = r.seconds + r.residency_seconds
+        self.seconds += span
+        if r.kind == "decode":
+            self.tokens += r.tokens
+            if self.per_agent is None:
+                self.per_agent = {}
+            for i in r.batch_ids:
+                self.per_agent[i] = self.per_agent.get(i, 0) + 1
+        if r.kind != "rebuild":
+            if r.joules is None:
+                self.joules_known = False
+            else:
+                self.joules += r.joules
+                self.watt_seconds += (r.watts or 0.0) * r.seconds
+
+    def score(self, goal: Goal, n_agents: int) -> float:
+        """Higher is better. A setting over the power cap, or under the floor, loses to any that is not."""
+        if self.seconds <= 0:
+            return 0.0
+        rate = self.tokens / self.seconds
+        if goal.power_cap_watts is not None and self.joules_known and self.seconds > 0:
+            watts = self.watt_seconds / self.seconds
+            if watts > goal.power_cap_watts:
+                return -watts  # infeasible: the least over the cap wins among the infeasible
+        if goal.objective == "joules_per_token":
+            if not self.joules_known or self.joules <= 0:
+                return 0.0
+            return self.tokens / self.joules  # tokens per joule: fewer joules per token is higher
+        if goal.objective == "floor":
+            per = self.per_agent or {}
+            slowest = min((per.get(i, 0) for i in range(n_agents)), default=0) / self.seconds
+            if slowest < goal.floor_tokens_per_s:
+                return slowest - goal.floor_tokens_per_s  # negative: below the floor
+        return rate
+
+    def objective_value(self, goal: Goal) -> float | None:
+        """The objective in its own unit, for the record: tok/s, or J/token."""
+        if self.seconds <= 0:
+            return None
+        if goal.objective == "joules_per_token":
+            return self.joules / self.tokens if self.tokens and self.joules_known else None
+        return self.tokens / self.seconds
+
+
+class CalibratedSim(SimBackend):
+    """A simulator of this very run on a real backend: step times from the fit measured per KV type
+    (a KV type never run borrows the fit of one that was, its KV term scaled by bytes: a guess)."""
+
+    def __init__(self, p: Profile, fits: dict[str, Fit]) -> None:
+        super().__init__(p)
+        self.fits = fits
+
+    def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
+                     contexts: list[float] | None = None) -> float:
+        kv = kv or self.kv
+        fit = self.fits.get(kv)
+        bm = self.profile.bytes_model
+        ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
+        if fit is None:
+            known, fit = next(iter(self.fits.items()))
+            scale = bm.kv_bytes_per_token(kv) / max(bm.kv_bytes_per_token(known), 1e-9)
+            fit = replace(fit, per_kv_token_seconds=fit.per_kv_token_seconds * scale)
+        total = sum(bm.kv_equivalent_tokens(kv, c) for c in ctx)
+        return max(fit.step_seconds(batch, total), 1e-6)
+
+
+class Tuner:
+    def __init__(self, goal: Goal) -> None:
+        self.goal = goal
+        # what it learned of this machine, kept across a restart
+        self._prefill: list[tuple[int, float]] = []  # (tokens, seconds) of measured prefill steps
+        self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
+        self._errors: list[float] = []  # forecast / measured - 1, of the forecasts of staying
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
+        self._epoch = Tally()
+        self._epoch_start_s: float | None = None
+        self._last_change_s = -math.inf
+        self._pending: dict | None = None  # a decision whose outcome is being measured
+        self._pending_tally = Tally()
+        self.decisions = 0
+        self.history: list[Setting] = []  # settings held, in order
+        self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
+        self._checks: list[tuple[float, float | None, Tally]] = []  # (at, forecast of staying, what came)
+
+    # what the engine calls after every record
+    def observe(self, engine, rec: StepRecord) -> list[dict]:
+        out: list[dict] = []
+        now = engine.now_s()
+        if self._epoch_start_s is None:
+            self._epoch_start_s = now
+            self.history.append(self.setting(engine))
+        self._learn(rec)
+        self._epoch.add(rec)
+        for check in self._checks:
+            check[2].add(rec)
+        self._close_checks(now)
+        if self._pending is not None:
+            self._pending_tally.add(rec)
+            if now - self._pending["at_s"] >= self.goal.dwell_s:
+                out.append(self._measured(engine))
+        if rec.kind == "rebuild" or now - self._epoch_start_s < self.goal.epoch_s:
+            return out
+        self._epoch, self._epoch_start_s = Tally(), now
+        cur = self.setting(engine)
+        base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked dwell_s later
+        if all(h.seconds > 0 for _, h in base):
+            self._checks.append((now, _mean(f.objective_value(self.goal) for f, _ in base), Tally()))
+        if now - self._last_change_s >= self.goal.dwell_s and self._pending is None:
+            decision = self._decide(engine, cur, base)
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    def _close_checks(self, now: float) -> None:
+        """Forecasts of staying whose stretch has passed: their error, measured, is the tuner's stated error."""
+        while self._checks and now - self._checks[0][0] >= self.goal.dwell_s:
+            _, forecast, tally = self._checks.pop(0)
+            measured = tally.objective_value(self.goal)
+            if forecast and measured:
+                self._errors = (self._errors + [forecast / measured - 1])[-32:]
+
+    @property
+    def stated_error(self) -> float | None:
+        """How far a forecast gain may be from the measured one: the rms of the forecasts' measured
+        errors, times sqrt 2 (a gain is one forecast over another). None until 3 forecasts were checked."""
+        if len(self._errors) < 3:
+            return None
+        return math.sqrt(2 * sum(e * e for e in self._errors) / len(self._errors))
+
+    @staticmethod
+    def setting(engine) -> Setting:
+        st = engine.state()
+        return Setting(st.batch_cap, st.kv, st.residency)
+
+    def _learn(self, rec: StepRecord) -> None:
+        if rec.source != "measured":
+            return
+        if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens:
+            self._prefill = (self._prefill + [(rec.tokens, rec.seconds)])[-64:]
+        for m in rec.moved:
+            if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0:
+                self._swap = (self._swap + [(m["bytes"], m["seconds"])])[-64:]
+
+    # the candidates: one lever at a time, a step away
+    def candidates(self, engine, cur: Setting) -> list[Setting]:
+        n = len(engine.agents)
+        caps = sorted({max(1, cur.batch_cap // 2), min(n, cur.batch_cap * 2), n} - {cur.batch_cap})
+        kvs = [k for k in (self.goal.allowed_kv or (engine.s.kv,)) if k != cur.kv]
+        out = [replace(cur, batch_cap=c) for c in caps]
+        out += [replace(cur, kv=k) for k in kvs]
+        out += [replace(cur, residency=r) for r in RESIDENCY if r != cur.residency]
+        if engine.s.kv_budget_bytes is not None:
+            out = [c for c in out if engine.facts.bytes_model.budget_tokens(
+                engine.s.kv_budget_bytes, c.kv, engine.slots, engine.s.ctx_per_agent) > 0]
+        return out
+
+    def forecast(self, engine, setting: Setting) -> list[tuple[Tally, Tally]]:
+        """One run forward per forecast seed (common to every candidate, so they differ by the setting and
+        not by luck)."""
+        return [self._forecast_once(engine, setting, k) for k in range(self.goal.forecast_seeds)]
+
+    def _forecast_once(self, engine, setting: Setting, k: int) -> tuple[Tally, Tally]:
+        """Run the swarm forward from now under `setting` in a simulator: what the first `dwell_s` and the
+        whole horizon would hold."""
+        sim = self._simulator(engine)
+        if sim is None:
+            return Tally(), Tally()
+        s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
+                    reference=False, check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
+                    agents=len(engine.agents))
+        meter = self._meter(engine)
+        shadow = Engine(sim, s, meter=meter)
+        shadow.slots = engine.slots
+        sim.open(engine.s.kv, engine.slots, engine.s.ctx_per_agent)
+        shadow.analysis.context_opened()
+        shadow.clock_s = engine.now_s()
+        shadow.started = True
+        shadow.step_index = engine.step_index
+        shadow.scheduler.kv_budget_tokens = shadow._budget_tokens(engine.s.kv)
+        for a in engine.agents:
+            b = replace(a, history=list(a.history), pending=list(a.pending), tool_pending=list(a.tool_pending),
+                        messages=list(a.messages), swapped=None)
+            if a.residency is Residency.HOST:
+                b.swapped, _, _ = _sim_saved(sim, engine.s.kv, a.context)
+            elif a.state is not AgentState.PREEMPTED and a.context:
+                sim._len[a.seq] = a.context
+            if b.next_token is not None:
+                b.next_token = sim.tokenize(" x")[0]
+            shadow.workload.seed_sampler(b)
+            shadow.agents.append(b)
+        if setting.kv != engine.s.kv:
+            shadow.request(kv=setting.kv)
+        first, tally = Tally(), Tally()
+        start = engine.now_s()
+        end = start + self.goal.horizon_s
+        steps = 0
+        while shadow.now_s() < end and steps < 200_000:
+            try:
+                r = shadow.step()
+            except RuntimeError:  # the budget cannot run the swarm this way
+                return Tally(), Tally()
+            tally.add(r)
+            if r.t <= start + self.goal.dwell_s:
+                first.add(r)
+            steps += 1
+        return first, tally
+
+    def _simulator(self, engine) -> SimBackend | None:
+        b = engine.backend
+        if b.source == "simulated":
+            return SimBackend(b.profile)
+        fits = {kv: fit for kv in KV_TYPES if (fit := engine.analysis.fit(kv)) is not None}
+        if not fits or not self._prefill:
+            return None  # nothing measured yet to simulate this machine with
+        tokens, seconds = sum(t for t, _ in self._prefill), sum(s for _, s in self._prefill)
+        swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
+        f = engine.facts
+        p = Profile(name="calibrated", description="this run, calibrated", model_name=f.name,
+                    weight_bytes=f.weight_bytes, kv_bytes_per_token_f16=f.bytes_model.kv_bytes_per_token("f16"),
+                    effective_bandwidth_bytes_per_s=1.0, compute_seconds_per_token=0.0,
+                    prefill_tokens_per_s=tokens / seconds, kv_budget_bytes=engine.s.kv_budget_bytes or 0.0,
+                    context_per_agent=engine.s.ctx_per_agent, n_ctx_train=f.n_ctx_train, power_floor_watts=0.0,
+                    power_per_agent_watts=0.0, source="calibrated on this run (modeled)", layers=f.bytes_model,
+                    host_link_bytes_per_s=swap_bw)
+        return CalibratedSim(p, fits)
+
+    def _meter(self, engine):
+        m = engine.meter
+        if isinstance(m, ModeledMeter):
+            return ModeledMeter(m.floor_watts, m.per_agent_watts)
+        return NoMeter("forecast: no power model")
+
+    def _decide(self, engine, cur: Setting, base: list[tuple[Tally, Tally]]) -> dict | None:
+        n = len(engine.agents)
+        if any(h.seconds <= 0 for _, h in base):
+            return None
+        ctx = [a.context for a in engine.agents]
+        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        forecasts = {c: self.forecast(engine, c) for c in self.candidates(engine, cur)}
+        if not forecasts:
+            return None
+
+        def score(runs: list[tuple[Tally, Tally]], first: bool = False) -> float:
+            return sum((f if first else h).score(self.goal, n) for f, h in runs) / len(runs)
+
+        best = max(forecasts, key=lambda c: score(forecasts[c]))
+        base_score = score(base)
+        gain = _gain(score(forecasts[best]), base_score)
+        # the forecast's own spread: how far apart its seeds put the gain
+        per_seed = [_gain(h.score(self.goal, n), b.score(self.goal, n)) for (_, h), (_, b)
+                    in zip(forecasts[best], base, strict=True)]
+        spread = (max(per_seed) - min(per_seed)) / 2 if all(g is not None and math.isfinite(g) for g in per_seed) \
+            else None
+        # a gain inside the forecast's own spread is luck, not the setting
+        if gain is None or gain < self.goal.margin + (spread if spread is not None else math.inf):
+            return None
+        # hysteresis: back to a setting it left only once the contexts have moved and for twice the margin
+        if cur is not best and best in self._left_at_context and (
+                gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
+            return None
+        engine.request(batch_cap=best.batch_cap if best.batch_cap != cur.batch_cap else None,
+                       kv=best.kv if best.kv != cur.kv else None,
+                       residency=best.residency if best.residency != cur.residency else None)
+        now = engine.now_s()
+        self._last_change_s = now
+        self.decisions += 1
+        self.history.append(best)
+        self._left_at_context[cur] = mean_ctx
+        # the outcome is measured over the next dwell_s, against the forecasts of that same stretch
+        dwell_gain = _gain(score(forecasts[best], first=True), score(base, first=True))
+        self._pending = {"at_s": now, "from": cur, "to": best, "predicted_gain": gain,
+                         "predicted_gain_dwell": dwell_gain, "spread": spread,
+                         "predicted_old": _mean(f.objective_value(self.goal) for f, _ in base),
+                         "predicted_new": _mean(f.objective_value(self.goal) for f, _ in forecasts[best])}
+        self._pending_tally = Tally()
+        what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
+                         if getattr(cur, k) != getattr(best, k))
+        return {"phase": "decided", "from": cur.as_dict(), "to": best.as_dict(), "objective": self.goal.objective,
+                "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled",
+                "predicted_gain_dwell": None if dwell_gain is None else round(dwell_gain, 4),
+                "forecast_spread": None if spread is None else round(spread, 4),
+                "horizon_s": self.goal.horizon_s, "mean_context": round(mean_ctx, 1),
+                "why": f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
+                       f"{self.goal.horizon_s:.0f} s (modeled)"}
+
+    def _may_return(self, s: Setting, mean_ctx: float) -> bool:
+        """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
+        left = self._left_at_context.get(s)
+        return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, 1.0)
+
+    def _measured(self, engine) -> dict:
+        p, self._pending = self._pending, None
+        measured_new = self._pending_tally.objective_value(self.goal)
+        old = p["predicted_old"]
+        gain = None
+        if measured_new is not None and old:
+            gain = (old / measured_new - 1) if self.goal.objective == "joules_per_token" else (measured_new / old - 1)
+        err = None
+        if measured_new and p["predicted_new"]:
+            err = p["predicted_new"] / measured_new - 1
+        return {"phase": "measured", "from": p["from"].as_dict(), "to": p["to"].as_dict(),
+                "objective": self.goal.objective, "predicted_gain": round(p["predicted_gain"], 4),
+                "predicted_gain_dwell": _round(p["predicted_gain_dwell"]),
+                "forecast_spread": None if p["spread"] is None else round(p["spread"], 4),
+                "measured_gain": None if gain is None else round(gain, 4),
+                "stated_error": _round(self.stated_error),
+                "agrees": None if gain is None or self.stated_error is None or p["predicted_gain_dwell"] is None
+                else abs(gain - p["predicted_gain_dwell"]) <= self.stated_error,
+                "measured_gain_source": f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
+                "forecast_error": None if err is None else round(err, 4),
+                "why": f"tune outcome: {p['to'].label()}: forecast {(p['predicted_gain_dwell'] or 0):+.1%} over "
+                       f"{self.goal.dwell_s:.0f} s, measured "
+                       + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _gain(new: float, old: float) -> float | None:
+    """Relative improvement of a score; scores below zero (over a cap, under a floor) count from there."""
+    if old != 0:
+        return (new - old) / abs(old)
+    return math.inf if new > 0 else None
+
+
+def _sim_saved(sim: SimBackend, kv: str, tokens: int):
+    """A swapped-out history's stand-in for the forecast's simulator."""
+    from swarmtune.engine.sim_backend import _SavedSeq
+
+    nbytes = int(sim.profile.bytes_model.kv_cache_bytes(kv, tokens) + sim.profile.bytes_model.state_bytes)
+    return _SavedSeq(tokens, nbytes, kv), nbytes, nbytes / sim.profile.host_link_bytes_per_s
