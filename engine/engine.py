@@ -251,7 +251,9 @@ class Engine:
 
     def now_s(self) -> float:
         """The engine's clock: simulated seconds on the sim backend, wall seconds since start otherwise."""
-        return self.clock_s if self.backend.source == "simulated" else time.perf_counter() - self._t0
+        if self.backend.source == "simulated":
+            return self.clock_s
+        return time.perf_counter() - self._t0 if self.started else 0.0
 
     def check_caches(self) -> None:
         """Every live agent's cells are exactly its history (positions 0..len-1); every other sequence is

@@ -27,7 +27,13 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
                  weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None) -> list[EngineFlags]:
     out = []
     notes = []
-    ll = ["-np", str(batch_cap), "-ctk", kv, "-ctv", kv, "-c", str(batch_cap * ctx_per_agent)]
+    # llama-server splits -c cells evenly over its -np slots: as many as the budget holds at this type
+    cells = batch_cap * ctx_per_agent
+    if kv_budget_bytes:
+        cells = min(cells, bm.budget_tokens(kv_budget_bytes, kv, batch_cap, ctx_per_agent))
+        if cells < batch_cap * ctx_per_agent:
+            notes.append(f"-c {cells}: what the KV budget holds at {kv}; each slot gets {cells // batch_cap} tokens")
+    ll = ["-np", str(batch_cap), "-ctk", kv, "-ctv", kv, "-c", str(cells)]
     if kv != "f16":
         notes.append("a quantized V cache needs flash attention: add -fa on where your build does not default to it")
     if bm.has_swa:

@@ -13,6 +13,7 @@ Forecasts draw tool latencies from their own stream: the tuner does not know the
 """
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this module
@@ -57,6 +58,8 @@ class Goal:
     margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
     revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
     forecast_seeds: int = 2  # tool-latency draws per forecast, the same for every candidate (averaged)
+    # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock
+    think_share: float = 0.03
 
 
 def parse_objective(text: str) -> tuple[str, float]:
@@ -140,8 +143,10 @@ class Tally:
 
 
 class CalibratedSim(SimBackend):
-    """A simulator of this very run on a real backend: step times from the fit measured per KV type
-    (a KV type never run borrows the fit of one that was, its KV term scaled by bytes: a guess)."""
+    """A simulator of this very run on a real backend: step times from the fit measured per KV type.
+    A KV type not run yet borrows the fit of one that was, unscaled: its step time is not guessed (a
+    smaller cache type reads fewer bytes, but dequantizing it may cost more: slower on a CPU, faster on a
+    GPU), only its budget, which the bytes give exactly, differs. Once run, it has its own fit."""
 
     def __init__(self, p: Profile, fits: dict[str, Fit]) -> None:
         super().__init__(p)
@@ -154,9 +159,7 @@ class CalibratedSim(SimBackend):
         bm = self.profile.bytes_model
         ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
         if fit is None:
-            known, fit = next(iter(self.fits.items()))
-            scale = bm.kv_bytes_per_token(kv) / max(bm.kv_bytes_per_token(known), 1e-9)
-            fit = replace(fit, per_kv_token_seconds=fit.per_kv_token_seconds * scale)
+            fit = next(iter(self.fits.values()))
         total = sum(bm.kv_equivalent_tokens(kv, c) for c in ctx)
         return max(fit.step_seconds(batch, total), 1e-6)
 
@@ -168,6 +171,7 @@ class Tuner:
         self._prefill: list[tuple[int, float]] = []  # (tokens, seconds) of measured prefill steps
         self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
         self._errors: list[float] = []  # forecast / measured - 1, of the forecasts of staying
+        self._thought_s = 0.0  # wall seconds spent forecasting
         self.restart()
 
     def restart(self) -> None:
@@ -178,6 +182,7 @@ class Tuner:
         self._pending: dict | None = None  # a decision whose outcome is being measured
         self._pending_tally = Tally()
         self.decisions = 0
+        self._looked = False
         self.history: list[Setting] = []  # settings held, in order
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
         self._checks: list[tuple[float, float | None, Tally]] = []  # (at, forecast of staying, what came)
@@ -198,9 +203,16 @@ class Tuner:
             self._pending_tally.add(rec)
             if now - self._pending["at_s"] >= self.goal.dwell_s:
                 out.append(self._measured(engine))
-        if rec.kind == "rebuild" or now - self._epoch_start_s < self.goal.epoch_s:
+        # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
+        # while the caches it re-prefills are short
+        first_look = not self._looked and self._simulator(engine) is not None
+        if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look):
             return out
+        self._looked = True
         self._epoch, self._epoch_start_s = Tally(), now
+        if engine.backend.source != "simulated" and self._thought_s > self.goal.think_share * max(now, 1.0):
+            return out  # it has thought enough for now: the engine's cores are for decoding
+        t0 = time.perf_counter()
         cur = self.setting(engine)
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked dwell_s later
         if all(h.seconds > 0 for _, h in base):
@@ -209,6 +221,7 @@ class Tuner:
             decision = self._decide(engine, cur, base)
             if decision is not None:
                 out.append(decision)
+        self._thought_s += time.perf_counter() - t0
         return out
 
     def _close_checks(self, now: float) -> None:

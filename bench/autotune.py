@@ -1,0 +1,154 @@
+"""The tuner against every static setting, on one seeded workload with tool waits whose contexts grow past
+the KV budget: (a) the default static setting (every agent in the batch, f16, keep), (b) each static
+setting of a grid of batch cap x KV type x residency (the best of them, picked in hindsight, is the bar),
+(c) the tuner, started at the default and allowed the grid's KV types.
+
+The objective is decode tokens per second of the engine's clock over the whole run (simulated seconds on
+the sim profile, wall seconds on the real model; rebuilds, prefill, swaps and idle waits all count).
+Prints the three figures; last line `ratio: X` = tuner / best static, the lower of the two workloads.
+--figure writes the objective over time (the tuner's decisions marked) for the README.
+
+    python bench/autotune.py                 # both workloads (~15 min on a 2-core box)
+    python bench/autotune.py --only sim      # the simulated card only (~3 min)
+"""
+
+import argparse
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; it costs a real run's steps
+
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.tuner import Goal, Tuner
+
+SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=600.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
+           tool_tokens=1024, caps=(2, 4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap", "drop"))
+# the default model on this CPU: contexts reach the budget within the minute
+REAL = dict(seconds=80.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
+            kv_budget_mb=120.0, caps=(2, 4, 8), kvs=("f16", "q8_0"), residencies=("keep",))
+
+
+def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, seed: int) -> dict:
+    backend = make_backend()
+    budget = w.get("kv_budget_mb")
+    p = getattr(backend, "profile", None)
+    s = EngineSettings(agents=w["agents"], batch_cap=cap, kv=kv, residency=residency, seed=seed,
+                       gen_tokens=w["gen_tokens"], tool_tokens=w["tool_tokens"],
+                       ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
+                       kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
+                       tool_latency_s=w["tool_latency_s"], check=False)
+    tuner = Tuner(Goal(allowed_kv=w["kvs"])) if tuned else None
+    e = Engine(backend, s, tuner=tuner, autotune=tuned)
+    e.start()
+    tokens, series, decisions = 0, [], []
+    next_mark = 0.0
+    while e.now_s() < w["seconds"]:
+        r = e.step()
+        if r.kind == "decode":
+            tokens += r.tokens
+        if r.kind == "tune":
+            decisions.append({"t": r.t, **r.tune})
+        now = e.now_s()
+        if now >= next_mark:
+            series.append((round(now, 2), tokens))
+            next_mark = now + w["seconds"] / 120
+    out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
+           "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
+           "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency}}
+    e.meter.close()  # the backend stays open: the next run of this workload opens its cache again
+    return out
+
+
+def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
+    t0 = time.perf_counter()
+    default = run(make_backend, w, w["agents"], "f16", "keep", False, seed)
+    print(f"[{name}] default static (cap {w['agents']}, f16, keep): {default['tokens_per_s']:.2f} tok/s ({source})",
+          flush=True)
+    grid = []
+    for cap, kv, res in itertools.product(w["caps"], w["kvs"], w["residencies"]):
+        if (cap, kv, res) == (w["agents"], "f16", "keep"):
+            r = default
+        else:
+            r = run(make_backend, w, cap, kv, res, False, seed)
+        grid.append(r)
+        print(f"[{name}]   static cap {cap}, {kv}, {res}: {r['tokens_per_s']:.2f} tok/s", flush=True)
+    best = max(grid, key=lambda r: r["tokens_per_s"])
+    tuned = run(make_backend, w, w["agents"], "f16", "keep", True, seed)
+    for d in tuned["decisions"]:
+        if d["phase"] == "decided":
+            print(f"[{name}]   {d['t']:7.1f} s  {d['why']}", flush=True)
+    ratio = tuned["tokens_per_s"] / best["tokens_per_s"]
+    print(f"[{name}] default {default['tokens_per_s']:.2f}, best static (cap {best['cap']}, {best['kv']}, "
+          f"{best['residency']}) {best['tokens_per_s']:.2f}, tuner {tuned['tokens_per_s']:.2f} tok/s ({source}); "
+          f"tuner / best static {ratio:.3f}, tuner / default {tuned['tokens_per_s'] / default['tokens_per_s']:.2f}x; "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "tuned": tuned,
+            "ratio": ratio}
+
+
+def figure(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.2), squeeze=False)
+    for ax, res in zip(axes[0], results, strict=True):
+        for key, label, color in (("default", "default static", "gray"), ("best", "best static (hindsight)", "C0"),
+                                  ("tuned", "tuner", "C3")):
+            r = res[key]
+            if key == "best":
+                label += f": cap {r['cap']}, {r['kv']}, {r['residency']}"
+            xs = [t for t, _ in r["series"] if t > 0]
+            ys = [n / t for t, n in r["series"] if t > 0]
+            ax.plot(xs, ys, label=label, color=color)
+        for d in res["tuned"]["decisions"]:
+            if d["phase"] == "decided":
+                ax.axvline(d["t"], color="C3", alpha=0.3, linestyle=":")
+                what = ", ".join(f"{k} {d['to'][k]}" for k in d["to"] if d["to"][k] != d["from"][k])
+                ax.annotate(what, (d["t"], ax.get_ylim()[1] * 0.95), rotation=90, fontsize=7, va="top", color="C3")
+        clock = "simulated s" if res["source"] == "simulated" else "s"
+        ax.set_xlabel(f"time ({clock})")
+        ax.set_ylabel(f"decode tok/s since start ({res['source']})")
+        ax.set_title(f"{res['name']}: tuner {res['ratio']:.2f} of best static")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=("sim", "real"), default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--figure", type=Path, default=None, help="write the objective over time as a PNG")
+    ap.add_argument("--json", type=Path, default=None, help="write every run's figures as JSON")
+    a = ap.parse_args()
+    results = []
+    if a.only in (None, "sim"):
+        p = profile(SIM["profile"])
+        results.append(workload(f"sim {SIM['profile']}", lambda: SimBackend(p), SIM, a.seed, "simulated"))
+    if a.only in (None, "real"):
+        from swarmtune.engine.default_model import default_model_path
+        from swarmtune.engine.llama_backend import LlamaBackend
+        from swarmtune.engine.model_facts import read_model_facts
+
+        backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=a.threads)
+        try:
+            results.append(workload("default model, this CPU", lambda: backend, REAL, a.seed, "measured"))
+        finally:
+            backend.close()
+    if a.figure:
+        figure(results, a.figure)
+    if a.json:
+        a.json.write_text(json.dumps(results), encoding="utf-8")
+    print(f"ratio: {min(r['ratio'] for r in results):.3f}")
+
+
+if __name__ == "__main__":
+    main()
