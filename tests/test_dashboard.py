@@ -140,3 +140,38 @@ async def test_quit_mid_rebuild_on_the_real_model(llama_backend):
         # the re-prefill of ~3,000 tokens runs chunk by chunk: quit in the middle of it
         assert await wait_for(pilot, lambda: app.query_one("#rebuild").has_class("active"), timeout=30)
         assert await _quit_seconds(app, pilot) < 0.5
+
+
+async def test_tuner_and_residency_controls_and_its_decisions_on_screen():
+    from swarmtune.engine.tuner import Goal, Tuner
+
+    p = profile(SIM)
+    s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes, seed=1,
+                       gen_tokens=256, tool_tokens=1024, tool_latency_s=5.0)
+    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1)), autotune=True)
+    app = SwarmApp(LiveSource(e))
+    async with app.run_test(size=(160, 50)) as pilot:
+        # its first look comes at once on the sim: the switch to q8_0 is a line on screen
+        assert await wait_for(pilot, lambda: any(n.title == "tuner" for n in app._notifications), timeout=30)
+        assert await wait_for(pilot, lambda: app.stats.tuner_on, timeout=5)
+        await pilot.press("t")
+        assert await wait_for(pilot, lambda: app.engine.state().autotune is False)
+        await pilot.press("colon", *"residency", "space", *"swap", "enter")
+        assert await wait_for(pilot, lambda: app.engine.s.residency == "swap")
+        await pilot.press("colon", *"autotune", "space", *"maybe", "enter")
+        assert await wait_for(pilot, lambda: any("autotune takes on or off" in n.message for n in app._notifications))
+        await pilot.press("colon", *"residency", "space", *"far", "enter")
+        assert await wait_for(pilot, lambda: any("residency must be one of" in n.message for n in app._notifications))
+        assert app.engine.s.residency == "swap"
+        await pilot.press("t")
+        assert await wait_for(pilot, lambda: app.engine.state().autotune is True)
+        await pilot.press("q")
+
+
+async def test_t_on_an_engine_without_a_tuner_says_so():
+    app = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest is not None)
+        await pilot.press("t")
+        assert await wait_for(pilot, lambda: any("no tuner" in n.message for n in app._notifications))
+        await pilot.press("q")

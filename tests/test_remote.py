@@ -68,6 +68,15 @@ def test_control_and_invalid_bodies(sim_server):
     time.sleep(0.5)  # a negative check: no step may come while paused
     assert c.state()["step"]["step"] == n
     c.control(paused=False, batch_cap=8)
+    # residency and the tuner: the serve command's engine has one, off until asked
+    s = c.control(residency="swap", autotune=True)
+    assert s["residency"] == "swap" and s["autotune"] is True
+    assert c.state()["settings"]["autotune"] is True
+    r = httpx.post(sim_server.url + "/v1/control", json={"residency": "far"})
+    assert r.status_code == 422 and "residency must be one of keep, swap, drop" in json.dumps(r.json()["detail"])
+    r = httpx.post(sim_server.url + "/v1/control", json={"autotune": "yes"})
+    assert r.status_code == 422 and "autotune" in json.dumps(r.json()["detail"])
+    c.control(residency="keep", autotune=False)
 
 
 def test_a_stuck_client_cannot_stall_the_engine(sim_server):
