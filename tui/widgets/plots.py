@@ -129,14 +129,15 @@ class BytesPlot(Widget):
 
     def render(self) -> Text:
         t = Text(self._title, style="bold")
-        bar_w = max(4, self.size.width - self.LABEL_COLUMNS - 10)  # room for the figure after the bar
+        bar_w = max(4, self.size.width - self.LABEL_COLUMNS - 12)  # room for the figure after the bar
         top = max((v for _, v, _ in self._bars), default=0.0) or 1.0
         if self._bars:
             t.append("\n")
         for label, value, color in self._bars:
             t.append(f"\n{label:<{self.LABEL_COLUMNS}}")
             t.append("█" * max(1, round(bar_w * value / top)) if value > 0 else "", style=color)
-            t.append(f" {value / 1e6:.3g} MB")
+            mb = value / 1e6
+            t.append(f" {mb:,.0f} MB" if mb >= 100 else f" {mb:.3g} MB")
         if self._footer:
             t.append(f"\n\n{self._footer}", style="dim")
         return t
