@@ -269,7 +269,7 @@ def tuner_goal(args: argparse.Namespace):
 
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
-    from swarmtune.engine.power.meter import make_meter
+    from swarmtune.engine.power.meter import ModeledMeter, make_meter
     from swarmtune.engine.tuner import Tuner
 
     check_flags(args)
@@ -278,8 +278,10 @@ def make_engine(args: argparse.Namespace, progress=None):
     try:
         settings = engine_settings(args, backend)
         meter = make_meter(args.power, getattr(backend, "profile", None))
-        if args.autotune and (goal.objective == "joules_per_token" or goal.power_cap_watts) and meter.label is None:
-            raise UserError(f"the tuner's objective needs power, and there is none: {meter.reason}")
+        if (goal.objective == "joules_per_token" or goal.power_cap_watts) and not isinstance(meter, ModeledMeter):
+            why = meter.reason if meter.label is None else f"{meter.label} measures, but cannot forecast other settings"
+            raise UserError("the tuner forecasts power from a power model, which only the simulated profiles have "
+                            f"(--sim); here: {why}")
         return Engine(backend, settings, progress=progress, meter=meter, tuner=Tuner(goal),
                       autotune=args.autotune is not None)
     except BaseException:

@@ -90,6 +90,7 @@ class Engine:
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
         self._moves: list[dict] = []  # residency moves since the last record: swaps out and in, drops
+        self.refused_kv: set[str] = set()  # KV types this build could not make
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
     # setup
@@ -432,16 +433,18 @@ class Engine:
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
         except UserError as e:  # this build cannot make that cache: keep running on the old one
             refused = f"{kv} refused ({e}); "
+            self.refused_kv.add(kv)  # the tuner does not ask for it again
             kv = old
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
             with self._lock:
-                self._pending_state = EngineState(self._pending_state.batch_cap, kv, self._pending_state.agents)
+                self._pending_state = replace(self._pending_state, kv=kv)
         self.s.kv = kv
         self.analysis.context_opened()
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
         for a in self.agents:
-            if a.state is AgentState.TOOL and a.residency is Residency.HOST:
+            if a.state is AgentState.TOOL and a.residency is Residency.HOST and kv != old:
                 a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
+                self._move(a, "swap_discarded", 0, 0.0, self._cost_source)
         live = [a for a in self.agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE]
         for a in self.agents:
             self.workload.seed_sampler(a)

@@ -66,7 +66,8 @@ class StepRecord:
     # "measured" (llama.cpp's routing, --moe-routing) or "modeled" (uniform routing, E(1-(1-k/E)^B))
     distinct_experts: float | None = None
     distinct_experts_source: str | None = None
-    # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop),
+    # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop |
+    # swap_discarded: a KV switch made the saved state unreadable),
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
     moved: list[dict[str, Any]] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`

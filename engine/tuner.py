@@ -22,7 +22,7 @@ from swarmtune.engine.kv_types import KV_TYPES, kv_type
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
 from swarmtune.engine.profiles import Profile
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.settings import RESIDENCY
+from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.speedup import Fit
 from swarmtune.engine.workload import AgentState, Residency
@@ -215,9 +215,9 @@ class Tuner:
         t0 = time.perf_counter()
         cur = self.setting(engine)
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked dwell_s later
-        if all(h.seconds > 0 for _, h in base):
+        if base is not None and all(h.seconds > 0 for _, h in base):
             self._checks.append((now, _mean(f.objective_value(self.goal) for f, _ in base), Tally()))
-        if now - self._last_change_s >= self.goal.dwell_s and self._pending is None:
+        if now - self._last_change_s >= self.goal.dwell_s and self._pending is None and base is not None:
             decision = self._decide(engine, cur, base)
             if decision is not None:
                 out.append(decision)
@@ -262,22 +262,23 @@ class Tuner:
         out = [replace(cur, batch_cap=c) for c in caps]
         out += [replace(cur, kv=k) for k in kvs]
         out += [replace(cur, residency=r) for r in RESIDENCY if r != cur.residency]
-        if engine.s.kv_budget_bytes is not None:
-            out = [c for c in out if engine.facts.bytes_model.budget_tokens(
-                engine.s.kv_budget_bytes, c.kv, engine.slots, engine.s.ctx_per_agent) > 0]
+        out = [c for c in out if c.kv not in engine.refused_kv]
+        if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
+            out = [c for c in out if engine._budget_tokens(c.kv) >= min_context(engine.s)]
         return out
 
-    def forecast(self, engine, setting: Setting) -> list[tuple[Tally, Tally]]:
+    def forecast(self, engine, setting: Setting) -> list[tuple[Tally, Tally]] | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
-        not by luck)."""
-        return [self._forecast_once(engine, setting, k) for k in range(self.goal.forecast_seeds)]
+        not by luck); None if any of them could not run."""
+        runs = [self._forecast_once(engine, setting, k) for k in range(self.goal.forecast_seeds)]
+        return None if any(r is None for r in runs) else runs
 
-    def _forecast_once(self, engine, setting: Setting, k: int) -> tuple[Tally, Tally]:
+    def _forecast_once(self, engine, setting: Setting, k: int) -> tuple[Tally, Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what the first `dwell_s` and the
-        whole horizon would hold."""
+        whole horizon would hold; None where the simulator cannot run the swarm that way."""
         sim = self._simulator(engine)
         if sim is None:
-            return Tally(), Tally()
+            return None
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
                     reference=False, check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
@@ -302,7 +303,10 @@ class Tuner:
             shadow.workload.seed_sampler(b)
             shadow.agents.append(b)
         if setting.kv != engine.s.kv:
-            shadow.request(kv=setting.kv)
+            try:
+                shadow.request(kv=setting.kv)
+            except UserError:  # the budget holds too little at that type
+                return None
         first, tally = Tally(), Tally()
         start = engine.now_s()
         end = start + self.goal.horizon_s
@@ -310,8 +314,8 @@ class Tuner:
         while shadow.now_s() < end and steps < 200_000:
             try:
                 r = shadow.step()
-            except RuntimeError:  # the budget cannot run the swarm this way
-                return Tally(), Tally()
+            except (RuntimeError, UserError):  # the budget cannot run the swarm this way: not a candidate
+                return None
             tally.add(r)
             if r.t <= start + self.goal.dwell_s:
                 first.add(r)
@@ -349,7 +353,7 @@ class Tuner:
             return None
         ctx = [a.context for a in engine.agents]
         mean_ctx = sum(ctx) / max(len(ctx), 1)
-        forecasts = {c: self.forecast(engine, c) for c in self.candidates(engine, cur)}
+        forecasts = {c: f for c in self.candidates(engine, cur) if (f := self.forecast(engine, c)) is not None}
         if not forecasts:
             return None
 
@@ -371,9 +375,12 @@ class Tuner:
         if cur is not best and best in self._left_at_context and (
                 gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
             return None
-        engine.request(batch_cap=best.batch_cap if best.batch_cap != cur.batch_cap else None,
-                       kv=best.kv if best.kv != cur.kv else None,
-                       residency=best.residency if best.residency != cur.residency else None)
+        try:
+            engine.request(batch_cap=best.batch_cap if best.batch_cap != cur.batch_cap else None,
+                           kv=best.kv if best.kv != cur.kv else None,
+                           residency=best.residency if best.residency != cur.residency else None)
+        except UserError:  # the swarm changed under it (agents removed meanwhile): look again next epoch
+            return None
         now = engine.now_s()
         self._last_change_s = now
         self.decisions += 1
@@ -436,10 +443,11 @@ def _mean(values) -> float | None:
 
 
 def _gain(new: float, old: float) -> float | None:
-    """Relative improvement of a score; scores below zero (over a cap, under a floor) count from there."""
+    """Relative improvement of a score; scores below zero (over a cap, under a floor) count from there.
+    None from a zero score: no gain can be stated against nothing."""
     if old != 0:
         return (new - old) / abs(old)
-    return math.inf if new > 0 else None
+    return None
 
 
 def _sim_saved(sim: SimBackend, kv: str, tokens: int):
