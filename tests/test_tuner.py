@@ -152,10 +152,10 @@ def test_on_a_real_backend_it_forecasts_from_what_this_run_measured(llama_backen
 
 def test_a_kv_type_whose_budget_cannot_hold_one_agent_is_no_candidate():
     p = profile(SIM)
-    s = EngineSettings(agents=2, ctx_per_agent=4096, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=300e6,
+    s = EngineSettings(agents=1, ctx_per_agent=1600, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=300e6,
                        tool_latency_s=5.0, seed=1)
     e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "f32"), **FAST)), autotune=True)
     e.start()
-    cands = e.tuner.candidates(e, Setting(2, "f16", "keep"))
+    cands = e.tuner.candidates(e, Setting(1, "f16", "keep"))
     assert cands and all(c.kv == "f16" for c in cands)
     _run(e, 60)  # and the run goes on: no forecast or decision raises out of the step
