@@ -15,10 +15,9 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import threading
 from pathlib import Path
 
-from stamps import Stamps  # bench/, next to this script
+from stamps import Stamps, on_own_thread  # bench/, next to this script
 
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -31,15 +30,6 @@ from swarmtune.tui.app import SwarmApp
 
 def settings(a) -> EngineSettings:
     return EngineSettings(agents=a.agents, batch_cap=a.agents, ctx_per_agent=a.ctx, reference=False, seed=1)
-
-
-def on_own_thread(fn, *args):
-    """fn(*args) on a thread that ends with it, taking its OpenMP pool along."""
-    out = []
-    t = threading.Thread(target=lambda: out.append(fn(*args)))
-    t.start()
-    t.join()
-    return out[0]
 
 
 def record_run(backend: LlamaBackend, a, out: Path) -> float:

@@ -21,7 +21,7 @@ import time
 import httpx
 import uvicorn
 from httpx_sse import connect_sse
-from stamps import Stamps  # bench/, next to this script
+from stamps import Stamps, on_own_thread  # bench/, next to this script
 
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -36,14 +36,6 @@ def settings(a) -> EngineSettings:
 
 
 def headless(backend, a, first: int, last: int) -> float:
-    out: list[float] = []
-    t = threading.Thread(target=lambda: out.append(_headless(backend, a, first, last)))
-    t.start()
-    t.join()
-    return out[0]
-
-
-def _headless(backend, a, first: int, last: int) -> float:
     e = Engine(backend, settings(a))
     stamps = Stamps(e)
     e.start()
@@ -104,7 +96,7 @@ def main() -> None:
     for r in range(a.rounds):
         s, lats, first, last = served(backend(), a)
         b = backend()
-        h = headless(b, a, first, last)
+        h = on_own_thread(headless, b, a, first, last)
         b.close()
         lat += lats
         print(f"round {r + 1}: steps {first + 1}..{last}: headless {h:.1f} tok/s, served + attached {s:.1f} tok/s "

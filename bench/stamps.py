@@ -5,9 +5,21 @@ results is prefill, then decode runs again): two runs timed over different windo
 with no overhead at all. So each run stamps every step as it leaves the engine, and the decode rate is
 taken over one fixed step range in both."""
 
+import threading
 import time
 
 from swarmtune.engine.engine import Engine
+
+
+def on_own_thread(fn, *args):
+    """fn(*args) on a thread that ends with it, taking its OpenMP pool along: llama.cpp's CPU backend keeps
+    one pool per thread that ever decoded, and two alive in one process (more threads than cores) make
+    libgomp sleep at its barriers, which cost 10-15% here. The real commands decode on one thread only."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)))
+    t.start()
+    t.join()
+    return out[0]
 
 
 class Stamps:
