@@ -176,14 +176,11 @@ class Tuner:
 
     def restart(self) -> None:
         """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
-        self._epoch = Tally()
         self._epoch_start_s: float | None = None
         self._last_change_s = -math.inf
         self._pending: dict | None = None  # a decision whose outcome is being measured
         self._pending_tally = Tally()
-        self.decisions = 0
         self._looked = False
-        self.history: list[Setting] = []  # settings held, in order
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
         self._checks: list[tuple[float, float | None, Tally]] = []  # (at, forecast of staying, what came)
 
@@ -193,9 +190,7 @@ class Tuner:
         now = engine.now_s()
         if self._epoch_start_s is None:
             self._epoch_start_s = now
-            self.history.append(self.setting(engine))
         self._learn(rec)
-        self._epoch.add(rec)
         for check in self._checks:
             check[2].add(rec)
         self._close_checks(now)
@@ -209,7 +204,7 @@ class Tuner:
         if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look):
             return out
         self._looked = True
-        self._epoch, self._epoch_start_s = Tally(), now
+        self._epoch_start_s = now
         if engine.backend.source != "simulated" and self._thought_s > self.goal.think_share * max(now, 1.0):
             return out  # it has thought enough for now: the engine's cores are for decoding
         t0 = time.perf_counter()
@@ -383,8 +378,6 @@ class Tuner:
             return None
         now = engine.now_s()
         self._last_change_s = now
-        self.decisions += 1
-        self.history.append(best)
         self._left_at_context[cur] = mean_ctx
         # the outcome is measured over the next dwell_s, against the forecasts of that same stretch
         dwell_gain = _gain(score(forecasts[best], first=True), score(base, first=True))
