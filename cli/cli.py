@@ -454,7 +454,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if bm.source:
         out.print(f"bytes: {bm.source}" + "".join(f"; {n}" for n in bm.notes))
     if result.fit_rms_relative_error is not None:
-        out.print(f"calibrated fit: rms relative error of step time {result.fit_rms_relative_error:.1%}")
+        med = result.fit_median_relative_error
+        out.print("calibrated step-time model (piecewise in the batch, per KV type): "
+                  + (f"median error {med:.1%}, " if med is not None else "")
+                  + f"rms {result.fit_rms_relative_error:.1%} over the grid (modeled vs measured)")
     erows = energy_rows(result)
     if not erows:
         out.print(f"energy: {meter.reason}")

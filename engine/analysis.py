@@ -6,9 +6,10 @@ from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.power.ledger import EnergyLedger
 from swarmtune.engine.power.meter import StepPower
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.speedup import BatchOneReference, Calibration, Fit
+from swarmtune.engine.speedup import BatchOneReference
+from swarmtune.engine.step_model import Calibration, Fit
 
-REFIT_EVERY_STEPS = 16
+REFIT_EVERY_STEPS = 8  # a refit is ~0.5 ms over 512 steps: under 0.2% of a step here
 # A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
 # contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
 REFERENCE_EVERY_STEPS_WARMUP = 8
@@ -69,14 +70,15 @@ class StepAnalysis:
         # derived from the KV bytes the record already holds rather than summed over the layers again
         k = self.bytes_model.kv_bytes_per_token(kv)
         kv_tokens = rec.kv_bytes / k if k > 0 else float(sum(contexts))
-        cal.add(b, kv_tokens, seconds)
+        longest = self.bytes_model.kv_equivalent_tokens(kv, max(contexts)) if contexts else kv_tokens / b
+        cal.add(b, kv_tokens, seconds, longest=longest)
         if self._decodes % REFIT_EVERY_STEPS == 0 or cal.fit is None:
             cal.refit()
         self._decodes += 1
         fit = cal.fit
         if fit is not None:
             rec.calibrated_speedup = fit.speedup(b, kv_tokens / b)
-            rec.fit = [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error]
+            rec.fit = fit.to_record()
         ref = self.reference(kv)
         if b == 1:
             if not self._fresh_context:

@@ -25,7 +25,8 @@ from swarmtune.engine.settings import (
     check_residency,
     min_context,
 )
-from swarmtune.engine.speedup import BatchOneReference, Calibration
+from swarmtune.engine.speedup import BatchOneReference
+from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
 TAIL_CHARS = 48

@@ -50,8 +50,10 @@ class StepRecord:
     # B(W(1)+s+K(L))/(W(B)+B(s+K(L))), modeled: the seed's B(W+Lk)/(W+BLk) for a dense model
     predicted_speedup: float | None = None
     calibrated_speedup: float | None = None  # from the fit to this machine's measurements, modeled
-    # the calibrated step-time model t = fixed + per_token*B + per_kv_token*sum(L), and its rms relative error
-    fit: list[float] | None = None
+    # the calibrated step-time model (engine/step_model.py): t = g(B) + c*sum(L), g piecewise linear through
+    # {"knots": [[B, seconds]...], "per_kv_token_seconds", "rms_error" (in-sample), "median_error" (each step
+    # predicted before it was learned), "checked", "samples"}; older recordings hold [a, b, c, rms]
+    fit: dict | list[float] | None = None
     joules_per_token: float | None = None
     tokens_per_joule: float | None = None
     # one more agent in the batch: J/token now and with it (modeled from the step-time fit and the power model)

@@ -1,11 +1,10 @@
-"""The seed's bandwidth formula, and a step-time model fitted to this machine's own measurements.
+"""The seed's bandwidth formula, and the batch-1 reference a measured speedup divides by.
 
-The bandwidth-only formula treats a step as bytes moved; on a CPU, compute per token matters too,
-so the calibrated model adds a per-token term: t(B, sum L) = a + b*B + c*sum L.
+The bandwidth-only formula treats a step as bytes moved; the calibrated step-time model, which adds
+compute, is engine/step_model.py.
 """
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,63 +19,6 @@ def predicted_speedup(batch: int, context: float, weight_bytes: float, kv_bytes_
 def crossover_context(batch: int, weight_bytes: float, kv_bytes_per_token: float) -> float:
     """L* = W / (B k): the context where each token's private KV read equals its share of the weights."""
     return weight_bytes / (batch * kv_bytes_per_token)
-
-
-@dataclass(frozen=True)
-class Fit:
-    fixed_seconds: float  # a: per step, whatever the batch (the weight stream, launch costs)
-    per_token_seconds: float  # b: per sequence in the batch (compute, sampling)
-    per_kv_token_seconds: float  # c: per cached token read (attention over KV)
-    rms_relative_error: float  # over the samples it was fitted to
-    samples: int
-
-    def step_seconds(self, batch: int, total_context: float) -> float:
-        return self.fixed_seconds + self.per_token_seconds * batch + self.per_kv_token_seconds * total_context
-
-    def speedup(self, batch: int, context: float) -> float | None:
-        """None where the fit predicts no time at all (a degenerate fit says nothing there)."""
-        one, many = self.step_seconds(1, context), self.step_seconds(batch, batch * context)
-        if one <= 0 or many <= 0:
-            return None
-        return batch * one / many
-
-
-class Calibration:
-    """Least squares on relative error, over the most recent decode steps and the startup probe."""
-
-    def __init__(self, max_samples: int = 512) -> None:
-        self._pinned: list[tuple[int, float, float]] = []  # probe points, never evicted
-        self._recent: deque[tuple[int, float, float]] = deque(maxlen=max_samples)
-        self.fit: Fit | None = None
-
-    def add(self, batch: int, total_context: float, seconds: float, pinned: bool = False) -> None:
-        if seconds <= 0:
-            return
-        (self._pinned if pinned else self._recent).append((batch, total_context, seconds))
-
-    def refit(self) -> Fit | None:
-        rows = self._pinned + list(self._recent)
-        if len(rows) < 3:
-            return self.fit
-        a = np.array(rows, dtype=float)
-        y = a[:, 2]
-        x = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]]) / y[:, None]
-        # Least squares with every cost >= 0 (a negative cost is noise, not physics): drop the most
-        # negative term and solve again, until none is negative.
-        active = [0, 1, 2]
-        coef = np.zeros(3)
-        while active:
-            sol, *_ = np.linalg.lstsq(x[:, active], np.ones(len(a)), rcond=None)
-            if (sol >= 0).all():
-                coef[active] = sol
-                break
-            active.pop(int(np.argmin(sol)))
-        pred = coef[0] + coef[1] * a[:, 0] + coef[2] * a[:, 1]
-        if pred.min() <= 0:
-            return self.fit
-        err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-        self.fit = Fit(float(coef[0]), float(coef[1]), float(coef[2]), err, len(a))
-        return self.fit
 
 
 class BatchOneReference:

@@ -10,7 +10,8 @@ from swarmtune.engine.backend import Backend
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.kv_types import kv_type
 from swarmtune.engine.probe import fill, time_decode
-from swarmtune.engine.speedup import Calibration, predicted_speedup
+from swarmtune.engine.speedup import predicted_speedup
+from swarmtune.engine.step_model import Calibration
 
 CPU_DEFAULT_BATCHES = (1, 2, 4, 8)
 CPU_DEFAULT_CONTEXTS = (64, 512, 2048)
@@ -47,6 +48,7 @@ class SweepResult:
     rows: list[SweepRow]
     fit_rms_relative_error: float | None
     copy_check: dict[str, float] | None = None
+    fit_median_relative_error: float | None = None  # median |predicted / measured - 1| of step time over the grid
     bytes_model: dict = field(default_factory=dict)  # ByteModel.to_dict(): what the predicted column assumes
 
     def to_json(self) -> str:
@@ -140,6 +142,7 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
         source=backend.source, model=facts.name, backend=backend.info.name, device=backend.info.device,
         kv_type=kv, weight_bytes=facts.weight_bytes, kv_bytes_per_token=k, rows=rows,
         fit_rms_relative_error=fit.rms_relative_error if fit else None, copy_check=copy_check,
+        fit_median_relative_error=cal.in_sample_median_error(),
         bytes_model=bm.to_dict(),
     )
 

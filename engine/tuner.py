@@ -24,7 +24,7 @@ from swarmtune.engine.profiles import Profile
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.speedup import Fit
+from swarmtune.engine.step_model import Fit
 from swarmtune.engine.workload import AgentState, Residency
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
@@ -160,8 +160,8 @@ class CalibratedSim(SimBackend):
         ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
         if fit is None:
             fit = next(iter(self.fits.values()))
-        total = sum(bm.kv_equivalent_tokens(kv, c) for c in ctx)
-        return max(fit.step_seconds(batch, total), 1e-6)
+        tokens = [bm.kv_equivalent_tokens(kv, c) for c in ctx]
+        return max(fit.step_seconds(batch, sum(tokens), max(tokens, default=0.0)), 1e-6)
 
 
 class Tuner:

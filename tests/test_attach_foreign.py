@@ -291,7 +291,7 @@ def test_replayed_phases_speedups_and_per_slot_counts():
     assert [a.context for a in last.agents] == [355, 131, 2047, 306] and last.batch == 0
     # calibrated once steps were timed at two batch sizes (4 and 3 here): a model of this server's steps
     late = [r for r in recs.values() if r.batch and r.calibrated_speedup is not None]
-    assert late and all(r.fit and r.fit[3] < 0.5 for r in late)
+    assert late and all(r.fit and r.fit["rms_error"] < 0.5 for r in late)
     four = next(r for r in recs.values() if r.batch == 4)
     assert by_t[11.106].calibrated_speedup is None and four.predicted_speedup > 1
 

@@ -24,7 +24,8 @@ from swarmtune.engine.bytes_model import ASSUMED_KV as REMOTE_KV
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import AgentView, StepRecord
-from swarmtune.engine.speedup import Calibration, predicted_speedup
+from swarmtune.engine.speedup import predicted_speedup
+from swarmtune.engine.step_model import Calibration
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,7 @@ class StepTiming:
         fit = self.calibration.fit
         if fit is None or len(self.batch_sizes) < 2 or batch < 1:
             return None, None
-        return (fit.speedup(batch, context_tokens),
-                [fit.fixed_seconds, fit.per_token_seconds, fit.per_kv_token_seconds, fit.rms_relative_error])
+        return fit.speedup(batch, context_tokens), fit.to_record()
 
 
 

@@ -7,7 +7,7 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
-from swarmtune.engine.speedup import Fit
+from swarmtune.engine.step_model import Fit
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.status import human_bytes
 
@@ -72,13 +72,13 @@ class SpeedupPlot(_Plot):
         b = max(r.batch_cap, 1)
         plt.plot(xs, [bm.speedup(b, x, as_kv_type(r.kv_type)) for x in xs], label=formula_label(bm, b),
                  marker="braille", color="blue")
-        if r.fit:
-            fit = Fit(r.fit[0], r.fit[1], r.fit[2], r.fit[3], 0)
+        fit = Fit.from_record(r.fit) if r.fit else None
+        if fit is not None:
             kv = as_kv_type(r.kv_type)  # the fit counts the KV tokens attention reads (fewer past a window)
             pts = [(x, y) for x in xs if (y := fit.speedup(b, bm.kv_equivalent_tokens(kv, x))) is not None]
             if pts:
                 plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="green",
-                         label=f"calibrated (modeled, {r.fit[3]:.0%} err)")
+                         label=f"calibrated (modeled, {fit_error_label(fit)})")
         pts = [p for p in stats.measured_points if p[2] == b]
         src = h.get("source", "")
         if pts:
@@ -141,3 +141,11 @@ class BytesPlot(Widget):
         if self._footer:
             t.append(f"\n\n{self._footer}", style="dim")
         return t
+
+
+def fit_error_label(fit: Fit) -> str:
+    """The step-time model's error as the screen states it: the median over steps it predicted before
+    learning them (what a forecast would see), else the in-sample rms until it has predicted some."""
+    if fit.median_error is not None and fit.checked:
+        return f"step time {fit.median_error:.1%} median err"
+    return f"step time {fit.rms_relative_error:.0%} rms err"
