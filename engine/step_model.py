@@ -24,6 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_KNOTS = 8  # more knots than this fit the noise of a few steps, not the machine
+# a machine drifts (a shared host, clocks, caches): a step this many steps old weighs half the latest one.
+# Replayed over three live runs of the default model it took the prequential median error from 5.1%,
+# 4.4% and 1.8% (all steps alike) to 4.1%, 3.3% and 1.8%. A sweep's pinned points all weigh 1.
+HALF_LIFE_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ def _ramps(batch: np.ndarray, knots: list[int]) -> np.ndarray:
 
 
 class Calibration:
-    """Least squares on relative error, over the most recent steps and any pinned points (a sweep's)."""
+    """Least squares on relative error, over the most recent steps (the latest weighing most) and any
+    pinned points (a sweep's)."""
 
     CHECKED_STEPS = 256  # the prequential error's window
 
@@ -145,13 +150,15 @@ class Calibration:
         batch, kv_tokens, longest, y = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
         knots = _knot_batches([int(b) for b in batch])
         x = np.column_stack([_ramps(batch, knots), kv_tokens, longest]) / y[:, None]
+        age = np.concatenate([np.zeros(len(self._pinned)), np.arange(len(self._recent))[::-1]])
+        w = np.sqrt(0.5 ** (age / HALF_LIFE_STEPS))
         # least squares with every cost >= 0 (a negative cost, or a g that falls with B, is noise, not
         # physics): drop the most negative term and solve again, until none is negative
         n = x.shape[1]
         active = list(range(n))
         coef = np.zeros(n)
         while active:
-            sol, *_ = np.linalg.lstsq(x[:, active], np.ones(len(a)), rcond=None)
+            sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], w, rcond=None)
             if (sol >= 0).all():
                 coef[active] = sol
                 break
