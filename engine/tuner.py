@@ -6,8 +6,14 @@ workload forward in a simulator: the sim profile itself on the sim backend, or, 
 simulator calibrated on this run (the step-time fit per KV type, the measured prefill rate and swap
 bandwidth). It switches only when the forecast gain beats a margin, no sooner than `dwell_s` after its
 last change, and back to a setting it left only once the contexts have moved (hysteresis); a KV switch
-pays its re-prefill inside the forecast. Each decision is a `tune` record; `dwell_s` later a second one
-says what was measured against what was forecast for the same stretch.
+pays its re-prefill inside the forecast. Each decision is a `tune` record; a second one, once the horizon
+has passed (or at the next decision, if sooner), says what was measured against what was forecast for
+that same stretch.
+
+Its stated error is measured too: every epoch it forecasts staying put and, as the stretch unfolds,
+checks that forecast against what came, for each span (one epoch, two, ... up to the horizon). An
+outcome over a span is judged against twice the rms error of those checks over the same span: over
+30 s a swarm with tool waits is mostly luck, over 120 s much less.
 
 Forecasts draw tool latencies from their own stream: the tuner does not know the future.
 """
@@ -54,10 +60,13 @@ class Goal:
     # how far each forecast runs: long enough to pay back a KV switch's re-prefill, which a short one
     # would always count against it
     horizon_s: float = 120.0
-    dwell_s: float = 30.0  # the least time between two changes; the outcome is measured over it
+    dwell_s: float = 30.0  # the least time between two changes
     margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
     revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
     forecast_seeds: int = 2  # tool-latency draws per forecast, the same for every candidate (averaged)
+    # the best of several noisy forecasts is the luckiest as often as the best (the winner's curse): the
+    # gain it acts on, and states, comes from this many fresh draws of it and of staying
+    confirm_seeds: int = 4
     # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock
     think_share: float = 0.03
 
@@ -142,6 +151,31 @@ class Tally:
         return self.tokens / self.seconds
 
 
+def _copy(t: Tally) -> Tally:
+    return replace(t, per_agent=None if t.per_agent is None else dict(t.per_agent))
+
+
+class SpanTally:
+    """A stretch's tally at each span from its start (one epoch, two, ... the horizon): what a forecast
+    said and what came are compared over the same span. A span is closed by the first record past it."""
+
+    def __init__(self, start_s: float, spans: list[float]) -> None:
+        self.start_s = start_s
+        self.spans = spans
+        self.tally = Tally()
+        self.closed: list[Tally] = []
+        self.checked = 0  # closed spans already compared with their forecast
+
+    def add(self, r: StepRecord) -> None:
+        while len(self.closed) < len(self.spans) and r.t > self.start_s + self.spans[len(self.closed)]:
+            self.closed.append(_copy(self.tally))
+        self.tally.add(r)
+
+    def finish(self) -> list[Tally]:
+        """A forecast's end: the spans not yet closed hold all it ran."""
+        return self.closed + [_copy(self.tally) for _ in self.spans[len(self.closed):]]
+
+
 class CalibratedSim(SimBackend):
     """A simulator of this very run on a real backend: step times from the fit measured per KV type.
     A KV type not run yet borrows the fit of one that was, unscaled: its step time is not guessed (a
@@ -170,7 +204,7 @@ class Tuner:
         # what it learned of this machine, kept across a restart
         self._prefill: list[tuple[int, float]] = []  # (tokens, seconds) of measured prefill steps
         self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
-        self._errors: list[float] = []  # forecast / measured - 1, of the forecasts of staying
+        self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
         self._thought_s = 0.0  # wall seconds spent forecasting
         self.restart()
 
@@ -179,10 +213,11 @@ class Tuner:
         self._epoch_start_s: float | None = None
         self._last_change_s = -math.inf
         self._pending: dict | None = None  # a decision whose outcome is being measured
-        self._pending_tally = Tally()
+        self._pending_tally: SpanTally | None = None
         self._looked = False
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
-        self._checks: list[tuple[float, float | None, Tally]] = []  # (at, forecast of staying, what came)
+        # forecasts of staying being checked: (what each span was forecast to hold, what came)
+        self._checks: list[tuple[list[float | None], SpanTally]] = []
 
     # what the engine calls after every record
     def observe(self, engine, rec: StepRecord) -> list[dict]:
@@ -191,12 +226,12 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self._learn(rec)
-        for check in self._checks:
-            check[2].add(rec)
-        self._close_checks(now)
-        if self._pending is not None:
+        for _, came in self._checks:
+            came.add(rec)
+        self._close_checks()
+        if self._pending is not None and self._pending_tally is not None:
             self._pending_tally.add(rec)
-            if now - self._pending["at_s"] >= self.goal.dwell_s:
+            if len(self._pending_tally.closed) == len(self.spans):
                 out.append(self._measured(engine))
         # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
         # while the caches it re-prefills are short
@@ -209,31 +244,52 @@ class Tuner:
             return out  # it has thought enough for now: the engine's cores are for decoding
         t0 = time.perf_counter()
         cur = self.setting(engine)
-        base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked dwell_s later
-        if base is not None and all(h.seconds > 0 for _, h in base):
-            self._checks.append((now, _mean(f.objective_value(self.goal) for f, _ in base), Tally()))
-        if now - self._last_change_s >= self.goal.dwell_s and self._pending is None and base is not None:
+        base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
+        if base is not None and all(run[-1].seconds > 0 for run in base):
+            self._checks.append((self._objectives(base), SpanTally(now, self.spans)))
+        if now - self._last_change_s >= self.goal.dwell_s and base is not None:
+            pending = (self._pending, self._pending_tally)
             decision = self._decide(engine, cur, base)
             if decision is not None:
+                if pending[0] is not None:  # the last decision's outcome: over the spans that passed before this one
+                    out.append(self._measured(engine, *pending))
                 out.append(decision)
         self._thought_s += time.perf_counter() - t0
         return out
 
-    def _close_checks(self, now: float) -> None:
-        """Forecasts of staying whose stretch has passed: their error, measured, is the tuner's stated error."""
-        while self._checks and now - self._checks[0][0] >= self.goal.dwell_s:
-            _, forecast, tally = self._checks.pop(0)
-            measured = tally.objective_value(self.goal)
-            if forecast and measured:
-                self._errors = (self._errors + [forecast / measured - 1])[-32:]
-
     @property
-    def stated_error(self) -> float | None:
-        """How far a forecast gain may be from the measured one: the rms of the forecasts' measured
-        errors, times sqrt 2 (a gain is one forecast over another). None until 3 forecasts were checked."""
-        if len(self._errors) < 3:
-            return None
-        return math.sqrt(2 * sum(e * e for e in self._errors) / len(self._errors))
+    def spans(self) -> list[float]:
+        """The spans a forecast is checked over: each epoch up to the horizon."""
+        n = max(1, math.ceil(self.goal.horizon_s / self.goal.epoch_s - 1e-9))
+        return [min(self.goal.epoch_s * (k + 1), self.goal.horizon_s) for k in range(n)]
+
+    def _objectives(self, runs: list[list[Tally]]) -> list[float | None]:
+        """The forecast objective at each span, averaged over the forecast's seeds."""
+        return [_mean(run[k].objective_value(self.goal) for run in runs) for k in range(len(self.spans))]
+
+    def _close_checks(self) -> None:
+        """Forecasts of staying whose spans have passed: their errors, measured, are the tuner's stated error."""
+        keep = []
+        for forecast, came in self._checks:
+            while len(came.closed) > (done := came.checked):
+                measured = came.closed[done].objective_value(self.goal)
+                if forecast[done] and measured:
+                    self._errors[done] = (self._errors.get(done, []) + [forecast[done] / measured - 1])[-32:]
+                came.checked = done + 1
+            if len(came.closed) < len(self.spans):
+                keep.append((forecast, came))
+        self._checks = keep
+
+    def stated_error(self, span: int | None = None) -> float | None:
+        """How far a forecast gain over a span may be from the measured one: twice the rms error of the
+        forecasts of staying checked over that span (about 95% of them fall inside), or over the longest
+        shorter span with 3 checks (noisier, so wider). None until 3 forecasts were checked."""
+        k = len(self.spans) - 1 if span is None else span
+        for j in range(k, -1, -1):
+            errs = self._errors.get(j, [])
+            if len(errs) >= 3:
+                return 2 * math.sqrt(sum(e * e for e in errs) / len(errs))
+        return None
 
     @staticmethod
     def setting(engine) -> Setting:
@@ -262,15 +318,15 @@ class Tuner:
             out = [c for c in out if engine._budget_tokens(c.kv) >= min_context(engine.s)]
         return out
 
-    def forecast(self, engine, setting: Setting) -> list[tuple[Tally, Tally]] | None:
+    def forecast(self, engine, setting: Setting, seeds: range | None = None) -> list[list[Tally]] | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
-        runs = [self._forecast_once(engine, setting, k) for k in range(self.goal.forecast_seeds)]
+        runs = [self._forecast_once(engine, setting, k) for k in (seeds or range(self.goal.forecast_seeds))]
         return None if any(r is None for r in runs) else runs
 
-    def _forecast_once(self, engine, setting: Setting, k: int) -> tuple[Tally, Tally] | None:
-        """Run the swarm forward from now under `setting` in a simulator: what the first `dwell_s` and the
-        whole horizon would hold; None where the simulator cannot run the swarm that way."""
+    def _forecast_once(self, engine, setting: Setting, k: int) -> list[Tally] | None:
+        """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
+        would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
         sim = self._simulator(engine)
         if sim is None:
             return None
@@ -302,8 +358,8 @@ class Tuner:
                 shadow.request(kv=setting.kv)
             except UserError:  # the budget holds too little at that type
                 return None
-        first, tally = Tally(), Tally()
         start = engine.now_s()
+        tally = SpanTally(start, self.spans)
         end = start + self.goal.horizon_s
         steps = 0
         while shadow.now_s() < end and steps < 200_000:
@@ -312,10 +368,8 @@ class Tuner:
             except (RuntimeError, UserError):  # the budget cannot run the swarm this way: not a candidate
                 return None
             tally.add(r)
-            if r.t <= start + self.goal.dwell_s:
-                first.add(r)
             steps += 1
-        return first, tally
+        return tally.finish()
 
     def _simulator(self, engine) -> SimBackend | None:
         b = engine.backend
@@ -342,9 +396,9 @@ class Tuner:
             return ModeledMeter(m.floor_watts, m.per_agent_watts)
         return NoMeter("forecast: no power model")
 
-    def _decide(self, engine, cur: Setting, base: list[tuple[Tally, Tally]]) -> dict | None:
+    def _decide(self, engine, cur: Setting, base: list[list[Tally]]) -> dict | None:
         n = len(engine.agents)
-        if any(h.seconds <= 0 for _, h in base):
+        if any(run[-1].seconds <= 0 for run in base):
             return None
         ctx = [a.context for a in engine.agents]
         mean_ctx = sum(ctx) / max(len(ctx), 1)
@@ -352,14 +406,14 @@ class Tuner:
         if not forecasts:
             return None
 
-        def score(runs: list[tuple[Tally, Tally]], first: bool = False) -> float:
-            return sum((f if first else h).score(self.goal, n) for f, h in runs) / len(runs)
+        def score(runs: list[list[Tally]]) -> float:
+            return sum(run[-1].score(self.goal, n) for run in runs) / len(runs)
 
         best = max(forecasts, key=lambda c: score(forecasts[c]))
         base_score = score(base)
         gain = _gain(score(forecasts[best]), base_score)
         # the forecast's own spread: how far apart its seeds put the gain
-        per_seed = [_gain(h.score(self.goal, n), b.score(self.goal, n)) for (_, h), (_, b)
+        per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n)) for h, b
                     in zip(forecasts[best], base, strict=True)]
         spread = (max(per_seed) - min(per_seed)) / 2 if all(g is not None and math.isfinite(g) for g in per_seed) \
             else None
@@ -370,6 +424,18 @@ class Tuner:
         if cur is not best and best in self._left_at_context and (
                 gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
             return None
+        # chosen on some draws, judged on others: the gain it states is not the luck that picked it
+        fresh = range(self.goal.forecast_seeds, self.goal.forecast_seeds + self.goal.confirm_seeds)
+        if self.goal.confirm_seeds > 0:
+            new_runs, stay_runs = self.forecast(engine, best, fresh), self.forecast(engine, cur, fresh)
+            if new_runs is None or stay_runs is None:
+                return None
+            gain = _gain(score(new_runs), score(stay_runs))
+            need = 2 * self.goal.margin if best in self._left_at_context else self.goal.margin
+            if gain is None or gain < need:
+                return None
+        else:
+            new_runs, stay_runs = forecasts[best], base
         try:
             engine.request(batch_cap=best.batch_cap if best.batch_cap != cur.batch_cap else None,
                            kv=best.kv if best.kv != cur.kv else None,
@@ -379,18 +445,15 @@ class Tuner:
         now = engine.now_s()
         self._last_change_s = now
         self._left_at_context[cur] = mean_ctx
-        # the outcome is measured over the next dwell_s, against the forecasts of that same stretch
-        dwell_gain = _gain(score(forecasts[best], first=True), score(base, first=True))
-        self._pending = {"at_s": now, "from": cur, "to": best, "predicted_gain": gain,
-                         "predicted_gain_dwell": dwell_gain, "spread": spread,
-                         "predicted_old": _mean(f.objective_value(self.goal) for f, _ in base),
-                         "predicted_new": _mean(f.objective_value(self.goal) for f, _ in forecasts[best])}
-        self._pending_tally = Tally()
+        # the outcome is measured over the spans that pass before the horizon (or the next decision), each
+        # against the forecasts of that same span
+        self._pending = {"at_s": now, "from": cur, "to": best, "predicted_gain": gain, "spread": spread,
+                         "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs)}
+        self._pending_tally = SpanTally(now, self.spans)
         what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
                          if getattr(cur, k) != getattr(best, k))
         return {"phase": "decided", "from": cur.as_dict(), "to": best.as_dict(), "objective": self.goal.objective,
                 "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled",
-                "predicted_gain_dwell": None if dwell_gain is None else round(dwell_gain, 4),
                 "forecast_spread": None if spread is None else round(spread, 4),
                 "horizon_s": self.goal.horizon_s, "mean_context": round(mean_ctx, 1),
                 "why": f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
@@ -401,29 +464,53 @@ class Tuner:
         left = self._left_at_context.get(s)
         return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, 1.0)
 
-    def _measured(self, engine) -> dict:
-        p, self._pending = self._pending, None
-        measured_new = self._pending_tally.objective_value(self.goal)
-        old = p["predicted_old"]
-        gain = None
-        if measured_new is not None and old:
-            gain = (old / measured_new - 1) if self.goal.objective == "joules_per_token" else (measured_new / old - 1)
+    def outcome_now(self, engine) -> dict | None:
+        """The pending decision's outcome over the spans that have passed, if one is pending: what a run
+        that ends before the horizon can still say about its last decision."""
+        if self._pending is None or self._pending_tally is None or not self._pending_tally.closed:
+            return None
+        return self._measured(engine)
+
+    def _objective_gain(self, new: float | None, old: float | None) -> float | None:
+        """The gain in the objective's own unit: more tok/s, or fewer J/token."""
+        if not new or not old:
+            return None
+        return (old / new - 1) if self.goal.objective == "joules_per_token" else (new / old - 1)
+
+    def _measured(self, engine, p: dict | None = None, came: SpanTally | None = None) -> dict:
+        """A decision's outcome over the longest span that has passed: the measured objective against the
+        forecast of staying, next to the forecast gain for that span and the error stated for it. By
+        default the pending decision's, which it closes; else the one given (a later decision replaced it)."""
+        if p is None:
+            p, came = self._pending, self._pending_tally
+            self._pending, self._pending_tally = None, None
+        assert p is not None
+        k = len(came.closed) - 1 if came is not None else -1
+        span_s = self.spans[k] if k >= 0 else 0.0
+        measured_new = came.closed[k].objective_value(self.goal) if k >= 0 else None
+        old = p["predicted_old"][k] if k >= 0 else None
+        predicted = self._objective_gain(p["predicted_new"][k], old) if k >= 0 else None
+        gain = self._objective_gain(measured_new, old)
         err = None
-        if measured_new and p["predicted_new"]:
-            err = p["predicted_new"] / measured_new - 1
+        if k >= 0 and measured_new and p["predicted_new"][k]:
+            err = p["predicted_new"][k] / measured_new - 1
+        stated = self.stated_error(k) if k >= 0 else None
+        agrees = None if gain is None or predicted is None or stated is None else abs(gain - predicted) <= stated
         return {"phase": "measured", "from": p["from"].as_dict(), "to": p["to"].as_dict(),
                 "objective": self.goal.objective, "predicted_gain": round(p["predicted_gain"], 4),
-                "predicted_gain_dwell": _round(p["predicted_gain_dwell"]),
+                "span_s": span_s, "predicted_gain_span": _round(predicted),
                 "forecast_spread": None if p["spread"] is None else round(p["spread"], 4),
                 "measured_gain": None if gain is None else round(gain, 4),
-                "stated_error": _round(self.stated_error),
-                "agrees": None if gain is None or self.stated_error is None or p["predicted_gain_dwell"] is None
-                else abs(gain - p["predicted_gain_dwell"]) <= self.stated_error,
+                "stated_error": _round(stated), "agrees": agrees,
                 "measured_gain_source": f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
+                "stated_error_source": f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
+                                       f"({engine.backend.source})",
                 "forecast_error": None if err is None else round(err, 4),
-                "why": f"tune outcome: {p['to'].label()}: forecast {(p['predicted_gain_dwell'] or 0):+.1%} over "
-                       f"{self.goal.dwell_s:.0f} s, measured "
-                       + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"}
+                "why": f"tune outcome: {p['to'].label()}: forecast "
+                       + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
+                       + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
+                       + ("" if stated is None else f" (stated error ±{stated:.0%}: "
+                          + ("agrees" if agrees else "does not agree") + ")")}
 
 
 def _round(x: float | None) -> float | None:
