@@ -5,7 +5,13 @@ setting of a grid of batch cap x KV type x residency (the best of them, picked i
 
 The objective is decode tokens per second of the engine's clock over the whole run (simulated seconds on
 the sim profile, wall seconds on the real model; rebuilds, prefill, swaps and idle waits all count).
-Prints the three figures; last line `ratio: X` = tuner / best static, the lower of the two workloads.
+The best static setting is picked on one run of each, so its figure is the luckiest of the grid as often
+as the best (on this CPU one static setting gave 35.4 and 39.8 tok/s in two benches): it is run once
+more, right after the tuner, and its objective is the mean of its two runs. Both ratios are printed.
+
+Prints the three figures, and how many of the tuner's measured outcomes agree with their forecasts within
+the error it states (a decision the run ends before its horizon is measured over the spans that passed);
+last line `ratio: X` = tuner / best static (the mean of its two runs), the lower of the two workloads.
 --figure writes the objective over time (the tuner's decisions marked) for the README.
 
     python bench/autotune.py                 # both workloads (~15 min on a 2-core box)
@@ -42,7 +48,7 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
                        ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
                        kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
                        tool_latency_s=w["tool_latency_s"], check=False)
-    tuner = Tuner(Goal(allowed_kv=w["kvs"])) if tuned else None
+    tuner = Tuner(Goal(allowed_kv=w["kvs"], horizon_s=w.get("horizon_s", Goal.horizon_s))) if tuned else None
     e = Engine(backend, s, tuner=tuner, autotune=tuned)
     e.start()
     tokens, series, decisions = 0, [], []
@@ -57,6 +63,8 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
         if now >= next_mark:
             series.append((round(now, 2), tokens))
             next_mark = now + w["seconds"] / 120
+    if tuner is not None and (last := tuner.outcome_now(e)) is not None:
+        decisions.append({"t": e.now_s(), **last})  # the last decision, over the spans the run still had
     out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
            "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency}}
@@ -79,16 +87,25 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
         print(f"[{name}]   static cap {cap}, {kv}, {res}: {r['tokens_per_s']:.2f} tok/s", flush=True)
     best = max(grid, key=lambda r: r["tokens_per_s"])
     tuned = run(make_backend, w, w["agents"], "f16", "keep", True, seed)
+    again = run(make_backend, w, best["cap"], best["kv"], best["residency"], False, seed)
+    best_mean = (best["tokens_per_s"] + again["tokens_per_s"]) / 2
+    print(f"[{name}]   best static again (cap {best['cap']}, {best['kv']}, {best['residency']}): "
+          f"{again['tokens_per_s']:.2f} tok/s; mean of its two runs {best_mean:.2f}", flush=True)
     for d in tuned["decisions"]:
-        if d["phase"] == "decided":
-            print(f"[{name}]   {d['t']:7.1f} s  {d['why']}", flush=True)
-    ratio = tuned["tokens_per_s"] / best["tokens_per_s"]
+        print(f"[{name}]   {d['t']:7.1f} s  {d['why']}", flush=True)
+    checked = [d for d in tuned["decisions"] if d["phase"] == "measured" and d["agrees"] is not None]
+    print(f"[{name}] outcomes that agree with their forecast within the stated error: "
+          f"{sum(d['agrees'] for d in checked)} of {len(checked)}", flush=True)
+    ratio = tuned["tokens_per_s"] / best_mean
     print(f"[{name}] default {default['tokens_per_s']:.2f}, best static (cap {best['cap']}, {best['kv']}, "
-          f"{best['residency']}) {best['tokens_per_s']:.2f}, tuner {tuned['tokens_per_s']:.2f} tok/s ({source}); "
-          f"tuner / best static {ratio:.3f}, tuner / default {tuned['tokens_per_s'] / default['tokens_per_s']:.2f}x; "
+          f"{best['residency']}) {best_mean:.2f} (runs {best['tokens_per_s']:.2f}, {again['tokens_per_s']:.2f}), "
+          f"tuner {tuned['tokens_per_s']:.2f} tok/s ({source}); tuner / best static {ratio:.3f} "
+          f"(against its grid run alone {tuned['tokens_per_s'] / best['tokens_per_s']:.3f}), "
+          f"tuner / default {tuned['tokens_per_s'] / default['tokens_per_s']:.2f}x; "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "tuned": tuned,
-            "ratio": ratio}
+    return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "best_again": again,
+            "best_mean": best_mean, "tuned": tuned, "ratio": ratio,
+            "agree": [sum(d["agrees"] for d in checked), len(checked)]}
 
 
 def figure(results: list[dict], path: Path) -> None:
@@ -147,6 +164,8 @@ def main() -> None:
         figure(results, a.figure)
     if a.json:
         a.json.write_text(json.dumps(results), encoding="utf-8")
+    agree = [sum(r["agree"][i] for r in results) for i in (0, 1)]
+    print(f"outcomes agreeing within the stated error: {agree[0]} of {agree[1]}")
     print(f"ratio: {min(r['ratio'] for r in results):.3f}")
 
 

@@ -19,6 +19,7 @@ Forecasts draw tool latencies from their own stream: the tuner does not know the
 """
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -415,8 +416,7 @@ class Tuner:
         # the forecast's own spread: how far apart its seeds put the gain
         per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n)) for h, b
                     in zip(forecasts[best], base, strict=True)]
-        spread = (max(per_seed) - min(per_seed)) / 2 if all(g is not None and math.isfinite(g) for g in per_seed) \
-            else None
+        spread = _spread(per_seed)
         # a gain inside the forecast's own spread is luck, not the setting
         if gain is None or gain < self.goal.margin + (spread if spread is not None else math.inf):
             return None
@@ -432,7 +432,10 @@ class Tuner:
                 return None
             gain = _gain(score(new_runs), score(stay_runs))
             need = 2 * self.goal.margin if best in self._left_at_context else self.goal.margin
-            if gain is None or gain < need:
+            # as on the draws that chose it: a gain inside the draws' own spread is luck, not the setting
+            fresh_spread = _spread([_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
+                                    for h, b in zip(new_runs, stay_runs, strict=True)])
+            if gain is None or fresh_spread is None or gain < need + fresh_spread:
                 return None
         else:
             new_runs, stay_runs = forecasts[best], base
@@ -448,7 +451,8 @@ class Tuner:
         # the outcome is measured over the spans that pass before the horizon (or the next decision), each
         # against the forecasts of that same span
         self._pending = {"at_s": now, "from": cur, "to": best, "predicted_gain": gain, "spread": spread,
-                         "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs)}
+                         "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs),
+                         "draws": self._draw_spreads(new_runs, stay_runs)}
         self._pending_tally = SpanTally(now, self.spans)
         what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
                          if getattr(cur, k) != getattr(best, k))
@@ -463,6 +467,17 @@ class Tuner:
         """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
         left = self._left_at_context.get(s)
         return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, 1.0)
+
+    def _draw_spreads(self, new_runs: list[list[Tally]],
+                      stay_runs: list[list[Tally]]) -> list[tuple[float | None, int]]:
+        """Per span: the standard deviation of the forecast gain across the forecast's draws, and how many."""
+        out: list[tuple[float | None, int]] = []
+        for k in range(len(self.spans)):
+            gains = [self._objective_gain(h[k].objective_value(self.goal), b[k].objective_value(self.goal))
+                     for h, b in zip(new_runs, stay_runs, strict=True)]
+            vals = [g for g in gains if g is not None]
+            out.append((statistics.stdev(vals) if len(vals) >= 2 else None, len(vals)))
+        return out
 
     def outcome_now(self, engine) -> dict | None:
         """The pending decision's outcome over the spans that have passed, if one is pending: what a run
@@ -495,6 +510,10 @@ class Tuner:
         if k >= 0 and measured_new and p["predicted_new"][k]:
             err = p["predicted_new"][k] / measured_new - 1
         stated = self.stated_error(k) if k >= 0 else None
+        draw_sd, n_draws = p["draws"][k] if k >= 0 else (None, 0)
+        if stated is not None and draw_sd is not None:
+            # the gain's own luck: this future is one more draw from the forecast's spread of them
+            stated = math.sqrt(stated ** 2 + (2 * draw_sd) ** 2 * (1 + 1 / n_draws))
         agrees = None if gain is None or predicted is None or stated is None else abs(gain - predicted) <= stated
         return {"phase": "measured", "from": p["from"].as_dict(), "to": p["to"].as_dict(),
                 "objective": self.goal.objective, "predicted_gain": round(p["predicted_gain"], 4),
@@ -504,13 +523,21 @@ class Tuner:
                 "stated_error": _round(stated), "agrees": agrees,
                 "measured_gain_source": f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
                 "stated_error_source": f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
-                                       f"({engine.backend.source})",
+                                       f"({engine.backend.source}), with 2 x the spread of this forecast's "
+                                       "own draws (modeled)",
                 "forecast_error": None if err is None else round(err, 4),
                 "why": f"tune outcome: {p['to'].label()}: forecast "
                        + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
                        + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
                        + ("" if stated is None else f" (stated error ±{stated:.0%}: "
                           + ("agrees" if agrees else "does not agree") + ")")}
+
+
+def _spread(gains: list[float | None]) -> float | None:
+    """Half the range of per-draw gains; None if any is missing or not finite."""
+    if not gains or not all(g is not None and math.isfinite(g) for g in gains):
+        return None
+    return (max(gains) - min(gains)) / 2  # type: ignore[type-var]
 
 
 def _round(x: float | None) -> float | None:
