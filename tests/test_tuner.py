@@ -163,7 +163,8 @@ def test_on_a_real_backend_it_forecasts_from_what_this_run_measured(llama_backen
     [spans] = e.tuner.forecast(e, cur)
     whole = spans[-1]
     assert len(spans) == len(e.tuner.spans) == 4
-    assert whole.tokens > 0 and whole.seconds >= 3.9
+    # a span holds the steps up to its end: the step that crosses it (here up to a prefill chunk) is not in it
+    assert whole.tokens > 0 and 3.0 <= whole.seconds <= 4.0 + 1e-6
     assert all(a.seconds <= b.seconds for a, b in zip(spans, spans[1:], strict=False))
     # and the forecast of staying, checked against what came, gives the tuner a stated error
     assert e.tuner._errors, "no forecast was checked against the run"
