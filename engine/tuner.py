@@ -450,7 +450,7 @@ class Tuner:
         self._left_at_context[cur] = mean_ctx
         # the outcome is measured over the spans that pass before the horizon (or the next decision), each
         # against the forecasts of that same span
-        self._pending = {"at_s": now, "from": cur, "to": best, "predicted_gain": gain, "spread": spread,
+        self._pending = {"from": cur, "to": best, "predicted_gain": gain, "spread": spread,
                          "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs),
                          "draws": self._draw_spreads(new_runs, stay_runs)}
         self._pending_tally = SpanTally(now, self.spans)
