@@ -457,7 +457,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         med = result.fit_median_relative_error
         out.print("calibrated step-time model (piecewise in the batch, per KV type): "
                   + (f"median error {med:.1%}, " if med is not None else "")
-                  + f"rms {result.fit_rms_relative_error:.1%} over the grid (modeled vs measured)")
+                  + f"rms {result.fit_rms_relative_error:.1%} over the grid (modeled vs {result.source})")
     erows = energy_rows(result)
     if not erows:
         out.print(f"energy: {meter.reason}")

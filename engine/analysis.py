@@ -78,7 +78,7 @@ class StepAnalysis:
         fit = cal.fit
         if fit is not None:
             rec.calibrated_speedup = fit.speedup(b, kv_tokens / b)
-            rec.fit = fit.to_record()
+            rec.fit = fit.record
         ref = self.reference(kv)
         if b == 1:
             if not self._fresh_context:

@@ -20,6 +20,7 @@ hugs the points it was drawn through.
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -72,7 +73,9 @@ class Fit:
             return None
         return batch * one / many
 
-    def to_record(self) -> dict:
+    @cached_property
+    def record(self) -> dict:
+        """As a record's `fit`: built once per refit, not once per step (every decode record carries it)."""
         return {"knots": [[b, g] for b, g in self.knots], "per_kv_token_seconds": self.per_kv_token_seconds,
                 "per_longest_token_seconds": self.per_longest_token_seconds,
                 "rms_error": self.rms_relative_error, "median_error": self.median_error, "checked": self.checked,

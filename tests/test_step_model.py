@@ -74,7 +74,7 @@ def test_its_stated_error_is_of_steps_it_had_not_yet_seen():
 
 def test_a_record_round_trips_and_an_older_recording_still_reads():
     fit = Fit(((1, 0.01), (8, 0.03)), 2e-6, 0.04, 100, 0.021, 50)
-    back = Fit.from_record(json.loads(json.dumps(fit.to_record())))
+    back = Fit.from_record(json.loads(json.dumps(fit.record)))
     assert back == fit
     old = Fit.from_record([0.008, 0.004, 7e-6, 0.029])  # a recording from before: a + b·B + c·N
     assert old is not None

@@ -67,7 +67,7 @@ class StepTiming:
         fit = self.calibration.fit
         if fit is None or len(self.batch_sizes) < 2 or batch < 1:
             return None, None
-        return fit.speedup(batch, context_tokens), fit.to_record()
+        return fit.speedup(batch, context_tokens), fit.record
 
 
 
