@@ -1,6 +1,7 @@
 """What the engine needs from a decode backend: the real one (llama.cpp) or the simulated one."""
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,6 +35,10 @@ class Backend(Protocol):
         """(Re)create the cache: n_seqs independent sequences of ctx_per_seq cells each; all cached data is lost."""
 
     def close(self) -> None: ...
+
+    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> AbstractContextManager[None]:
+        """While held, every call works on a second, temporary cache of KV type kv; the live cache (and
+        its samplers) is back as it was after. A KV type is timed there without touching the swarm."""
 
     def tokenize(self, text: str) -> list[int]: ...
 

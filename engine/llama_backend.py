@@ -9,8 +9,8 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import llama_cpp as ll
@@ -98,6 +98,7 @@ class LlamaBackend:
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.ctx = None
+        self.mem = None
         self._ctx_stack = ExitStack()
         self._samplers: dict[int, object] = {}
         self.batch = ll.llama_batch_init(max(chunk_tokens, 64), 0, 1)
@@ -148,9 +149,9 @@ class LlamaBackend:
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
     # the cache
-    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int):
+        """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV type kv."""
         t = kv_type(kv)
-        self._close_ctx()
         cp = ll.llama_context_default_params()
         cp.n_seq_max = n_seqs
         cp.n_ctx = n_seqs * ctx_per_seq
@@ -169,21 +170,43 @@ class LlamaBackend:
         if self.routing is not None:
             cp.cb_eval = self.routing.callback
             cp.cb_eval_user_data = None
-        log_mark = llama_log_mark()
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
-        self.ctx = ctx
-        self._ctx_stack.callback(ll.llama_free, ctx)
-        self.mem = ll.llama_get_memory(ctx)
         if cp.n_batch > self._batch_cap:
             ll.llama_batch_free(self.batch)
             self.batch = ll.llama_batch_init(cp.n_batch, 0, 1)
             self._batch_cap = cp.n_batch
+        return ctx
+
+    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+        self._close_ctx()
+        log_mark = llama_log_mark()
+        ctx = self._new_context(kv, n_seqs, ctx_per_seq)
+        self.ctx = ctx
+        self._ctx_stack.callback(ll.llama_free, ctx)
+        self.mem = ll.llama_get_memory(ctx)
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._prefill_row = None
         self.cache_bytes = caches_from_log(llama_log_since(log_mark))
         self.kv_buffer_bytes = sum(self.cache_bytes.values()) if self.cache_bytes else None
+
+    @contextmanager
+    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
+        """While held, every call works on a second, temporary context of this model (its own cache at KV
+        type kv, its own samplers); the live cache, its samplers and its last prefill row are back as they
+        were after. A KV type is timed here without re-prefilling the swarm."""
+        live = (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers)
+        ctx = self._new_context(kv, n_seqs, ctx_per_seq)
+        self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
+        self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers = kv, n_seqs, ctx_per_seq, None, {}
+        try:
+            yield
+        finally:
+            for smpl in self._samplers.values():
+                ll.llama_sampler_free(smpl)
+            ll.llama_free(ctx)
+            (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers) = live
 
     def _close_ctx(self) -> None:
         self._ctx_stack.close()

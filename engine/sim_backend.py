@@ -4,7 +4,8 @@ Everything it produces is simulated; the engine labels it so.
 """
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
@@ -76,6 +77,17 @@ class SimBackend:
 
     def close(self) -> None:
         self._len = {}
+
+    @contextmanager
+    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
+        """A second, temporary cache, as on the real backend: the live one is back as it was after."""
+        kv_type(kv)
+        live = (self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq)
+        self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq = {}, {}, kv, n_seqs, ctx_per_seq
+        try:
+            yield
+        finally:
+            self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq = live
 
     def tokenize(self, text: str) -> list[int]:
         out = []

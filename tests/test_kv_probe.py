@@ -1,0 +1,96 @@
+"""Timing a KV type in a side cache: the live cache (its cells, its next-token logits, its samplers) is
+left as it was; the points it times are where it says; a type against itself scales a fit by about 1;
+and the simulated side cache is as strict as the live one."""
+
+import numpy as np
+import pytest
+
+from swarmtune.engine.backend import CacheMismatch
+from swarmtune.engine.kv_probe import SHORT_CONTEXT, STEPS, WARMUP, KvProbe, long_context, probe_kv
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.step_model import Fit
+from tests.conftest import SIM
+
+
+@pytest.mark.model
+def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(llama_backend):
+    b = llama_backend
+    b.open("f16", 2, 512)
+    b.seed_sampler(0, 1)
+    tokens = b.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
+    b.prefill(0, tokens, 0)
+    nxt = b.tokenize(" #")[0]
+    cells_before, sampler = b.cells(0), b._samplers[0]
+    logits_before = b.next_logits(0, nxt, len(tokens))
+
+    p = probe_kv(b, "f16", "q8_0", 2, 256)
+
+    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == ("f16", 2, cells_before, (-1, -1))
+    assert b._samplers == {0: sampler}
+    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+    # what it timed: each type's history in chunks at their positions, then three decode points
+    for kv in ("f16", "q8_0"):
+        assert [(n, pos) for n, pos, _ in p.prefill[kv]] == [(128, 0), (128, 128)]
+        mid = WARMUP + (STEPS + 1) / 2  # the timed steps' mean context past the history
+        assert [(bb, c) for bb, c, _ in p.decode[kv]] == [(1, SHORT_CONTEXT + mid), (2, SHORT_CONTEXT + mid),
+                                                          (2, 256 + mid)]
+        assert all(s > 0 for *_, s in p.decode[kv] + p.prefill[kv])
+    fixed, per_token = p.ratios
+    assert 0.2 < fixed < 5 and 0.05 < per_token < 20
+    assert p.wall_s > 0 and p.record()["source"] == "measured in a side cache"
+
+
+@pytest.mark.model
+def test_a_type_probed_against_itself_scales_a_fit_by_about_one(llama_backend):
+    """The same type twice: the two lines differ by the machine's noise only (a shared 2-core box: a wide bound)."""
+    llama_backend.open("f16", 1, 256)
+    p = probe_kv(llama_backend, "f16", "f16", 4, 256)
+    fixed, per_token = p.ratios
+    assert 0.75 < fixed < 1.33 and 0.5 < per_token < 2.0
+
+
+def _probe(base: tuple[float, float], other: tuple[float, float]) -> KvProbe:
+    return KvProbe("q8_0", "f16", 8, (64, 512), {"f16": [(8, 68.0, base[0]), (8, 516.0, base[1])],
+                                                  "q8_0": [(8, 68.0, other[0]), (8, 516.0, other[1])]}, {}, 1.0)
+
+
+def test_the_ratios_split_the_step_into_what_attention_reads_and_the_rest():
+    # base: 30 ms + 0.1 ms per context token; other: the same 30 ms, a third of the attention
+    p = _probe((0.030 + 0.1e-3 * 64, 0.030 + 0.1e-3 * 512), (0.030 + 0.1e-3 / 3 * 64, 0.030 + 0.1e-3 / 3 * 512))
+    fixed, per_token = p.ratios
+    assert fixed == pytest.approx(1.0) and per_token == pytest.approx(1 / 3)
+    fit = Fit(((1, 0.01), (8, 0.03)), 1e-5, 0.01, 100, 0.02, 50, 2e-6)
+    scaled = p.scale(fit)
+    assert [b for b, _ in scaled.knots] == [1, 8] and [g for _, g in scaled.knots] == pytest.approx([0.01, 0.03])
+    assert scaled.per_kv_token_seconds == pytest.approx(1e-5 / 3)
+    assert scaled.per_longest_token_seconds == pytest.approx(2e-6 / 3)
+    assert scaled.median_error is None and scaled.samples == 0  # not checked at its own type yet
+
+
+def test_attention_too_small_to_time_gives_one_ratio_for_the_whole_step():
+    p = _probe((0.030, 0.0301), (0.020, 0.0201))  # attention under a tenth of the step: its slope is noise
+    fixed, per_token = p.ratios
+    assert fixed == per_token == pytest.approx(0.0201 / 0.0301)
+
+
+def test_the_long_point_follows_the_swarm_within_its_bounds():
+    assert long_context(0, 2048) == 256
+    assert long_context(300, 2048) == 600
+    assert long_context(5000, 2048) == 1024
+    assert long_context(5000, 300) == 300 - STEPS - WARMUP - 8  # room for the timed steps
+
+
+def test_the_simulated_side_cache_is_as_strict_as_the_live_one_and_leaves_it_as_it_was():
+    b = SimBackend(profile(SIM))
+    b.open("f16", 2, 512)
+    b.seed_sampler(0, 3)
+    b.prefill(0, b.tokenize("x" * 400), 0)
+    live = dict(b._len)
+    with b.side_cache("q8_0", 4, 300):
+        assert b.kv == "q8_0" and b.cells(0) == (-1, -1)
+        with pytest.raises(CacheMismatch):  # a token past the side cache's own history, as llama.cpp refuses
+            b.decode([0], [1], [100])
+        b.prefill(0, b.tokenize("y" * 40), 0)
+    assert (b.kv, b.n_seqs, b._len) == ("f16", 2, live)
+    b.decode([0], [1], [live[0]])  # the live sequence goes on where it was
