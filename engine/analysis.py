@@ -2,6 +2,8 @@
 reference a measured speedup divides by, and the energy ledger. The engine says what a step did; this
 unit annotates it, one fit and one reference per KV cache type (the step time depends on it)."""
 
+import copy
+
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.power.ledger import EnergyLedger
 from swarmtune.engine.power.meter import StepPower
@@ -30,6 +32,9 @@ class StepAnalysis:
         self._references: dict[str, BatchOneReference] = {}
         self._decodes = 0
         self._fresh_context = True
+        # a tuner's forecast (engine/tuner.py) needs only when its batch-1 reference steps fall, not what each
+        # step implies: the fits, speedups and energy a record carries cost a third of a forecast's time
+        self.forecasting = False
 
     def context_opened(self) -> None:
         """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
@@ -45,6 +50,17 @@ class StepAnalysis:
 
     def reference(self, kv: str) -> BatchOneReference:
         return self._references.setdefault(kv, BatchOneReference(self.how))
+
+    def _reference_step(self, kv: str, batch: int, mean_ctx: float, seconds: float) -> None:
+        if batch == 1:
+            if not self._fresh_context:
+                self.reference(kv).add(mean_ctx, seconds)
+            self._fresh_context = False
+
+    def carry_references(self, other: "StepAnalysis") -> None:
+        """Another analysis's batch-1 references, copied: a forecast takes its reference steps when the run
+        it forecasts would (they cost the run throughput: one agent alone for a step)."""
+        self._references = {k: copy.deepcopy(v) for k, v in other._references.items()}
 
     def reference_due(self, kv: str, contexts: list[int], steps_since: int) -> bool:
         """Whether the next decode step should run one agent alone to time the batch-1 reference."""
@@ -62,6 +78,9 @@ class StepAnalysis:
         if rec.kind != "decode" or not b:
             return
         mean_ctx = rec.mean_context
+        if self.forecasting:
+            self._reference_step(kv, b, mean_ctx, seconds)
+            return
         if power is not None:
             self.ledger.add(b, power.joules, rec.tokens, seconds)
         rec.predicted_speedup = self.bytes_model.speedup_mixed(contexts, kv, distinct_experts)
@@ -81,9 +100,7 @@ class StepAnalysis:
             rec.fit = fit.record
         ref = self.reference(kv)
         if b == 1:
-            if not self._fresh_context:
-                ref.add(mean_ctx, seconds)
-            self._fresh_context = False
+            self._reference_step(kv, b, mean_ctx, seconds)
         elif ref.covers(mean_ctx) and seconds > 0:
             rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
         if fit is not None and power is not None:

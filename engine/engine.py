@@ -120,6 +120,10 @@ class Engine:
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.run_id = uuid.uuid4().hex[:12]
         self.started = True
+        if self.autotune:
+            # on the run's clock: what the tuner measures before the first step (the KV types it may use) costs
+            # the swarm its time
+            self._queued += [self.tune_record(note) for note in self.tuner.prepare(self)]
 
     def _new_agent(self, agent_id: int) -> Agent:
         used = {a.seq for a in self.agents}
@@ -234,6 +238,8 @@ class Engine:
             return self._queued.pop(0)
         if not self.started:
             self.start()
+            if self._queued:
+                return self._queued.pop(0)
         rec = self._step()
         if self.s.check:
             self.check_caches()
@@ -500,7 +506,9 @@ class Engine:
         # the chunk in a prefill); MoE: the experts the step's tokens routed to, measured where the backend
         # counted them, else uniform routing (modeled)
         contexts = [a.context for a in batch]
-        kv_bytes = sum(bm.kv_read_bytes(kv, c) for c in contexts)
+        # a tuner's forecast reads only a step's time, tokens and energy: no bytes, no agents' views
+        lean = self.analysis.forecasting
+        kv_bytes = 0.0 if lean else sum(bm.kv_read_bytes(kv, c) for c in contexts)
         measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
         distinct = sum(measured) / len(measured) if measured else None
         weight_bytes = bm.weight_bytes(tokens, distinct) if batch else 0
@@ -514,7 +522,7 @@ class Engine:
             t = time.perf_counter() - self._t0
         rec = StepRecord(
             step=self.step_index, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
-            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views(kind, batch),
+            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=[] if lean else self._views(kind, batch),
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
             source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,

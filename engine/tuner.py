@@ -23,10 +23,13 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from swarmtune.engine.backend import NoKVSlot
 from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this module
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
 from swarmtune.engine.kv_types import KV_TYPES, kv_type
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
+from swarmtune.engine.prefill_model import PrefillCalibration, PrefillFit
 from swarmtune.engine.profiles import Profile
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import RESIDENCY, min_context
@@ -36,6 +39,9 @@ from swarmtune.engine.workload import AgentState, Residency
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
 FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
+# a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
+# does: a fit of a few steps at one batch size says little about the others
+MIN_OWN_FIT_SAMPLES = 32
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,9 @@ class Goal:
     power_cap_watts: float | None = None
     epoch_s: float = 10.0  # how often it looks
     # how far each forecast runs: long enough to pay back a KV switch's re-prefill, which a short one
-    # would always count against it
-    horizon_s: float = 120.0
+    # would always count against it, and to see the KV budget fill as contexts grow (on the simulated
+    # RX 9070 XT, q8_0's gain over f16 from an empty swarm is +7% over 120 s and +32% over 240 s)
+    horizon_s: float = 240.0
     dwell_s: float = 30.0  # the least time between two changes
     margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
     revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
@@ -68,7 +75,8 @@ class Goal:
     # the best of several noisy forecasts is the luckiest as often as the best (the winner's curse): the
     # gain it acts on, and states, comes from this many fresh draws of it and of staying
     confirm_seeds: int = 4
-    # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock
+    # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock (the
+    # first look, planned with the probe before the swarm's first step, aside)
     think_share: float = 0.03
 
 
@@ -179,13 +187,20 @@ class SpanTally:
 
 class CalibratedSim(SimBackend):
     """A simulator of this very run on a real backend: step times from the fit measured per KV type.
-    A KV type not run yet borrows the fit of one that was, unscaled: its step time is not guessed (a
-    smaller cache type reads fewer bytes, but dequantizing it may cost more: slower on a CPU, faster on a
-    GPU), only its budget, which the bytes give exactly, differs. Once run, it has its own fit."""
+    A KV type not run yet has the fit of one that was, scaled by what a probe timed of both in a side
+    cache (engine/kv_probe.py): its step time is not guessed from its bytes (a smaller cache type reads
+    fewer, but dequantizing it may cost more: slower on a CPU, faster on a GPU). Where no probe could run,
+    it borrows another type's fit unscaled, and the decision says so."""
 
-    def __init__(self, p: Profile, fits: dict[str, Fit]) -> None:
+    def __init__(self, p: Profile, fits: dict[str, Fit], prefills: dict[str, PrefillFit]) -> None:
         super().__init__(p)
         self.fits = fits
+        self.prefills = prefills  # per KV type: prefill slows as the history grows, by the type
+
+    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
+        super().prefill(seq, tokens, pos0)  # the cache's bookkeeping, and its checks
+        fit = self.prefills.get(self.kv) or next(iter(self.prefills.values()))
+        return fit.seconds(len(tokens), pos0)
 
     def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
                      contexts: list[float] | None = None) -> float:
@@ -203,10 +218,11 @@ class Tuner:
     def __init__(self, goal: Goal) -> None:
         self.goal = goal
         # what it learned of this machine, kept across a restart
-        self._prefill: list[tuple[int, float]] = []  # (tokens, seconds) of measured prefill steps
+        self._prefill: dict[str, PrefillCalibration] = {}  # per KV type: measured prefill chunks
         self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
         self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
         self._thought_s = 0.0  # wall seconds spent forecasting
+        self._probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
         self.restart()
 
     def restart(self) -> None:
@@ -217,8 +233,8 @@ class Tuner:
         self._pending_tally: SpanTally | None = None
         self._looked = False
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
-        # forecasts of staying being checked: (what each span was forecast to hold, what came)
-        self._checks: list[tuple[list[float | None], SpanTally]] = []
+        # forecasts of staying being checked: (what each span was forecast to hold, what came, at which setting)
+        self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
 
     # what the engine calls after every record
     def observe(self, engine, rec: StepRecord) -> list[dict]:
@@ -227,7 +243,15 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self._learn(rec)
-        for _, came in self._checks:
+        if not self._looked and engine.backend.source != "simulated":
+            # before the first look, whose forecasts need every allowed type's step time; measuring, not
+            # forecasting, so outside the thinking budget, and once per type and run
+            out += self._probe_missing(engine, self.setting(engine))
+        # a forecast of staying says nothing of what came after the setting moved (a decision, or a person):
+        # its spans not yet closed are dropped, not compared
+        now_setting = self.setting(engine)
+        self._checks = [c for c in self._checks if c[2] == now_setting]
+        for _, came, _ in self._checks:
             came.add(rec)
         self._close_checks()
         if self._pending is not None and self._pending_tally is not None:
@@ -239,19 +263,44 @@ class Tuner:
         first_look = not self._looked and self._simulator(engine) is not None
         if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look):
             return out
+        return out + self._look(engine, now)
+
+    def prepare(self, engine) -> list[dict]:
+        """At the run's start, before its first step (a real backend): time the allowed KV types in a side
+        cache, then take the first look at once: a KV switch costs nothing while the caches are empty."""
+        if engine.backend.source == "simulated" or self._looked:
+            return []
+        if self._epoch_start_s is None:
+            self._epoch_start_s = engine.now_s()
+        out = self._probe_missing(engine, self.setting(engine))
+        if self._simulator(engine) is not None:
+            # planning before the swarm starts, as the probe is: on the run's clock, but not counted against
+            # the share of it the tuner may think while the swarm runs
+            thought = self._thought_s
+            out += self._look(engine, engine.now_s(), kv_only=True)
+            self._thought_s = thought
+        return out
+
+    def _look(self, engine, now: float, kv_only: bool = False) -> list[dict]:
+        """Forecast staying (checked later against what comes) and, past the dwell, decide. kv_only: weigh
+        only the KV types (a look before the first step: the one lever whose switch then costs nothing and
+        later a re-prefill; a cap or residency is as cheap to change at the next look)."""
+        out: list[dict] = []
         self._looked = True
         self._epoch_start_s = now
         if engine.backend.source != "simulated" and self._thought_s > self.goal.think_share * max(now, 1.0):
             return out  # it has thought enough for now: the engine's cores are for decoding
-        t0 = time.perf_counter()
         cur = self.setting(engine)
+        t0 = time.perf_counter()
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
         if base is not None and all(run[-1].seconds > 0 for run in base):
-            self._checks.append((self._objectives(base), SpanTally(now, self.spans)))
+            self._checks.append((self._objectives(base), SpanTally(now, self.spans), cur))
         if now - self._last_change_s >= self.goal.dwell_s and base is not None:
             pending = (self._pending, self._pending_tally)
-            decision = self._decide(engine, cur, base)
+            decision = self._decide(engine, cur, base, kv_only)
             if decision is not None:
+                now_setting = self.setting(engine)
+                self._checks = [c for c in self._checks if c[2] == now_setting]  # staying is off now
                 if pending[0] is not None:  # the last decision's outcome: over the spans that passed before this one
                     out.append(self._measured(engine, *pending))
                 out.append(decision)
@@ -271,14 +320,14 @@ class Tuner:
     def _close_checks(self) -> None:
         """Forecasts of staying whose spans have passed: their errors, measured, are the tuner's stated error."""
         keep = []
-        for forecast, came in self._checks:
+        for forecast, came, setting in self._checks:
             while len(came.closed) > (done := came.checked):
                 measured = came.closed[done].objective_value(self.goal)
                 if forecast[done] and measured:
                     self._errors[done] = (self._errors.get(done, []) + [forecast[done] / measured - 1])[-32:]
                 came.checked = done + 1
             if len(came.closed) < len(self.spans):
-                keep.append((forecast, came))
+                keep.append((forecast, came, setting))
         self._checks = keep
 
     def stated_error(self, span: int | None = None) -> float | None:
@@ -300,11 +349,60 @@ class Tuner:
     def _learn(self, rec: StepRecord) -> None:
         if rec.source != "measured":
             return
-        if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens:
-            self._prefill = (self._prefill + [(rec.tokens, rec.seconds)])[-64:]
+        if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens and rec.batch_ids:
+            after = next((a.context for a in rec.agents if a.id == rec.batch_ids[0]), None)
+            if after is not None:
+                self._prefill.setdefault(rec.kv_type, PrefillCalibration()).add(rec.tokens, after - rec.tokens,
+                                                                                 rec.seconds)
         for m in rec.moved:
             if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0:
                 self._swap = (self._swap + [(m["bytes"], m["seconds"])])[-64:]
+
+    def _probe_missing(self, engine, cur: Setting) -> list[dict]:
+        """Times each allowed KV type that has not run against the run's own, once per run, at the widest
+        batch a candidate can have: a forecast of switching to it needs its step time on this machine."""
+        out: list[dict] = []
+        kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv} - set(self._probes)
+        ctx = [a.context for a in engine.agents]
+        for k in sorted(kvs):
+            if (own := engine.analysis.fit(k)) is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
+                continue
+            long = long_context(sum(ctx) / max(len(ctx), 1), engine.s.ctx_per_agent)
+            try:
+                p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
+            except (UserError, NoKVSlot, RuntimeError) as e:
+                self._probes[k] = None
+                out.append({"phase": "probed", "kv": k, "base_kv": cur.kv, "error": str(e),
+                            "why": f"tune: KV {k} could not be timed in a side cache ({e}); its forecasts borrow "
+                                   f"KV {cur.kv}'s step time"})
+                continue
+            self._probes[k] = p
+            bm = engine.facts.bytes_model
+            for kv, points in p.decode.items():  # what the side caches timed, kept like a sweep's points
+                cal = engine.analysis.calibration(kv)
+                for batch, context, seconds in points:
+                    longest = bm.kv_equivalent_tokens(kv, context)
+                    cal.add(batch, batch * longest, seconds, pinned=True, longest=longest)
+                cal.refit()
+            for kv, chunks in p.prefill.items():
+                for tokens, pos0, seconds in chunks:
+                    self._prefill.setdefault(kv, PrefillCalibration()).add(tokens, pos0, seconds, pinned=True)
+            fixed, per_token = p.ratios
+            out.append({"phase": "probed", **p.record(),
+                        "why": f"tune: timed KV {k} against {cur.kv} in a side cache ({p.wall_s:.1f} s, batch "
+                               f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): attention "
+                               f"{per_token:.2f}x per token, the rest {fixed:.2f}x (measured)"})
+        return out
+
+    def step_time_source(self, engine, kv: str) -> str:
+        """Where a forecast's step times at this KV type come from."""
+        own = engine.analysis.fit(kv)
+        p = self._probes.get(kv)
+        if own is not None and (own.samples >= MIN_OWN_FIT_SAMPLES or p is None):
+            return f"fitted on this run's {own.samples} steps at {kv}"
+        if p is not None and engine.analysis.fit(p.base_kv) is not None:
+            return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (measured)"
+        return "borrowed from another KV type's fit, unscaled (never timed at this type)"
 
     # the candidates: one lever at a time, a step away
     def candidates(self, engine, cur: Setting) -> list[Setting]:
@@ -332,13 +430,16 @@ class Tuner:
         if sim is None:
             return None
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
-                    reference=False, check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
+                    check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
         meter = self._meter(engine)
         shadow = Engine(sim, s, meter=meter)
         shadow.slots = engine.slots
         sim.open(engine.s.kv, engine.slots, engine.s.ctx_per_agent)
         shadow.analysis.context_opened()
+        shadow.analysis.forecasting = True
+        shadow.analysis.carry_references(engine.analysis)
+        shadow._since_reference = engine._since_reference
         shadow.clock_s = engine.now_s()
         shadow.started = True
         shadow.step_index = engine.step_index
@@ -376,20 +477,27 @@ class Tuner:
         b = engine.backend
         if b.source == "simulated":
             return SimBackend(b.profile)
-        fits = {kv: fit for kv in KV_TYPES if (fit := engine.analysis.fit(kv)) is not None}
-        if not fits or not self._prefill:
+        own = {kv: fit for kv in KV_TYPES if (fit := engine.analysis.fit(kv)) is not None}
+        prefills = {kv: c.fit for kv, c in self._prefill.items() if c.fit is not None}
+        if not own or not prefills:
             return None  # nothing measured yet to simulate this machine with
-        tokens, seconds = sum(t for t, _ in self._prefill), sum(s for _, s in self._prefill)
+        fits = dict(own)
+        for kv, p in self._probes.items():
+            young = kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES
+            if p is not None and young and p.base_kv in own:
+                fits[kv] = p.scale(own[p.base_kv])
+        now_prefill = prefills.get(engine.s.kv) or next(iter(prefills.values()))
         swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
         f = engine.facts
         p = Profile(name="calibrated", description="this run, calibrated", model_name=f.name,
                     weight_bytes=f.weight_bytes, kv_bytes_per_token_f16=f.bytes_model.kv_bytes_per_token("f16"),
                     effective_bandwidth_bytes_per_s=1.0, compute_seconds_per_token=0.0,
-                    prefill_tokens_per_s=tokens / seconds, kv_budget_bytes=engine.s.kv_budget_bytes or 0.0,
+                    prefill_tokens_per_s=1 / now_prefill.per_token_seconds,
+                    kv_budget_bytes=engine.s.kv_budget_bytes or 0.0,
                     context_per_agent=engine.s.ctx_per_agent, n_ctx_train=f.n_ctx_train, power_floor_watts=0.0,
                     power_per_agent_watts=0.0, source="calibrated on this run (modeled)", layers=f.bytes_model,
                     host_link_bytes_per_s=swap_bw)
-        return CalibratedSim(p, fits)
+        return CalibratedSim(p, fits, prefills)
 
     def _meter(self, engine):
         m = engine.meter
@@ -397,13 +505,14 @@ class Tuner:
             return ModeledMeter(m.floor_watts, m.per_agent_watts)
         return NoMeter("forecast: no power model")
 
-    def _decide(self, engine, cur: Setting, base: list[list[Tally]]) -> dict | None:
+    def _decide(self, engine, cur: Setting, base: list[list[Tally]], kv_only: bool = False) -> dict | None:
         n = len(engine.agents)
         if any(run[-1].seconds <= 0 for run in base):
             return None
         ctx = [a.context for a in engine.agents]
         mean_ctx = sum(ctx) / max(len(ctx), 1)
-        forecasts = {c: f for c in self.candidates(engine, cur) if (f := self.forecast(engine, c)) is not None}
+        candidates = [c for c in self.candidates(engine, cur) if not kv_only or c.kv != cur.kv]
+        forecasts = {c: f for c in candidates if (f := self.forecast(engine, c)) is not None}
         if not forecasts:
             return None
 
@@ -460,6 +569,8 @@ class Tuner:
                 "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled",
                 "forecast_spread": None if spread is None else round(spread, 4),
                 "horizon_s": self.goal.horizon_s, "mean_context": round(mean_ctx, 1),
+                **({"kv_step_time_source": self.step_time_source(engine, best.kv)}
+                   if best.kv != cur.kv and engine.backend.source != "simulated" else {}),
                 "why": f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
                        f"{self.goal.horizon_s:.0f} s (modeled)"}
 

@@ -230,3 +230,39 @@ def test_a_run_that_ends_before_the_horizon_still_measures_its_last_decision():
     assert last is not None and last["phase"] == "measured"
     assert 0 < last["span_s"] <= e.now_s() - decided[-1].t
     assert e.tuner.outcome_now(e) is None  # said once
+
+
+def test_a_forecast_of_staying_is_never_checked_against_a_setting_it_did_not_forecast():
+    e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
+    decided = False
+    while e.now_s() < 150:
+        r = e.step()
+        now = Tuner.setting(e)
+        assert all(s == now for *_, s in e.tuner._checks)
+        decided |= r.kind == "tune" and r.tune["phase"] == "decided"
+    assert decided
+
+
+@pytest.mark.model
+def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_step(llama_backend):
+    """A KV type the run has not used is timed in a side cache before the swarm's first step: its forecasts
+    come from what this machine measured, not from another type's speed, and the first look (when a KV
+    switch costs nothing) comes before anything was prefilled."""
+    e = Engine(llama_backend, EngineSettings(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=64, seed=2,
+                                             tool_latency_s=0.2, tool_latency_sigma=0.5),
+               tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), epoch_s=1.0, dwell_s=2.0, horizon_s=4.0,
+                                forecast_seeds=1, confirm_seeds=1, think_share=1.0)),
+               autotune=True)
+    first = e.step()
+    assert first.kind == "tune" and first.tune["phase"] == "probed", first.note
+    assert (first.tune["kv"], first.tune["base_kv"], first.tune["batch"]) == ("q8_0", "f16", 4)
+    assert first.tune["source"] == "measured in a side cache" and first.tune["probe_seconds"] > 0
+    # both types have a step-time fit and a prefill fit before any step of the swarm ran
+    sim = e.tuner._simulator(e)
+    assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
+    assert e.tuner.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
+    assert e.tuner._looked and e.tuner._checks  # the first look came at once: staying is being checked
+    steps = [e.step() for _ in range(40)]
+    assert all(r.kind != "tune" or r.tune["phase"] != "probed" for r in steps)  # once per type and run
+    kinds = [r.kind for r in steps]
+    assert "prefill" in kinds and "decode" in kinds
