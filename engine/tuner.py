@@ -3,10 +3,12 @@
 At the end of each epoch it forecasts the next `horizon_s` seconds from the swarm's present state (every
 agent's context, state and tool wait) under the current setting and under its neighbours, by running the
 workload forward in a simulator: the sim profile itself on the sim backend, or, on a real one, a
-simulator calibrated on this run (the step-time fit per KV type, the measured prefill rate and swap
-bandwidth). It switches only when the forecast gain beats a margin, no sooner than `dwell_s` after its
-last change, and back to a setting it left only once the contexts have moved (hysteresis); a KV switch
-pays its re-prefill inside the forecast. Each decision is a `tune` record; a second one, once the horizon
+simulator calibrated on this run (per KV type a step-time fit and a prefill-time fit; the measured swap
+bandwidth). On a real backend every allowed KV type is timed in a side cache before it is forecast
+(engine/kv_probe.py), and the first look comes before the swarm's first step, when a KV switch is free.
+It switches only when the forecast gain beats a margin, no sooner than `dwell_s` after its last change,
+and back to a setting it left only once the contexts have moved (hysteresis); a KV switch pays its
+re-prefill inside the forecast. Each decision is a `tune` record; a second one, once the horizon
 has passed (or at the next decision, if sooner), says what was measured against what was forecast for
 that same stretch.
 
