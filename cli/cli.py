@@ -527,12 +527,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         flags = engine_flags(st.batch_cap, st.kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
                              e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None))
         source = e.backend.source
+        run_s = e.now_s()  # the engine's clock: the tuner's probe and first look, before the first step, count
         e.close()
     result = {
         "objective": e.tuner.goal.objective, "setting": {"batch_cap": st.batch_cap, "kv": st.kv,
                                                          "residency": st.residency},
         "tuned_for_s": round(e.now_s(), 1), "clock": "simulated" if source == "simulated" else "wall",
-        "tokens_per_s": {"whole_run": round(whole.tokens / whole.seconds, 2) if whole.seconds else None,
+        "tokens_per_s": {"whole_run": round(whole.tokens / run_s, 2) if run_s > 0 else None,
                          "last_dwell": round(tail.tokens / tail.seconds, 2) if tail.seconds else None,
                          "source": source},
         "decisions": decisions, "engines": [x.as_dict() for x in flags],

@@ -10,8 +10,8 @@ history's length and at a short one, and of one sequence at the short one.
 The decode ratios scale the run's own fit (engine/step_model.py) to the other type: the cost of a step
 apart from attention by the ratio of the two lines' intercepts, attention's per-token costs by the ratio
 of their slopes. That fit stands for the type until it has run and has a fit of its own. Every point
-timed is also kept, like a sweep's, in its type's calibrations: at a run's start they are the only
-measurements there are, and they let the tuner's first look come before the swarm has prefilled anything.
+timed also joins its type's fits (engine/tuner.py): at a run's start they are the only measurements there
+are, and they let the tuner's first look come before the swarm has prefilled anything.
 """
 
 import time
@@ -29,6 +29,8 @@ PREFILL_CHUNK = 128  # the history is prefilled in chunks this long, each one ti
 STEPS, WARMUP = 3, 1  # per point: the median of 3 steps, after one that may rebuild the graph
 # below this share of the step, attention's slope is noise at these step counts: one ratio for the whole step
 MIN_ATTENTION_SHARE = 0.1
+# a ratio outside this is a probe's noise (a slope from medians of 3 steps), not a cache type: clamped
+RATIO_BOUNDS = (0.25, 4.0)
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,21 @@ class KvProbe:
         lo, hi = self.contexts
         b_slope, x_slope = (b_hi - b_lo) / (hi - lo), (x_hi - x_lo) / (hi - lo)
         b_fixed, x_fixed = b_lo - b_slope * lo, x_lo - x_slope * lo
-        if b_slope * hi < MIN_ATTENTION_SHARE * b_hi or x_slope <= 0 or b_fixed <= 0 or x_fixed <= 0:
-            whole = x_hi / b_hi
+        lo_r, hi_r = RATIO_BOUNDS
+        if not self.split:
+            whole = min(max(x_hi / b_hi, lo_r), hi_r)
             return whole, whole
-        return x_fixed / b_fixed, x_slope / b_slope
+        return min(max(x_fixed / b_fixed, lo_r), hi_r), min(max(x_slope / b_slope, lo_r), hi_r)
+
+    @property
+    def split(self) -> bool:
+        """Whether attention showed enough in the base type's steps to be told from the rest (the probed
+        type's may well be small: that is what it measures, bounded by RATIO_BOUNDS)."""
+        (b_lo, b_hi), (x_lo, x_hi) = self._at(self.base_kv, self.batch), self._at(self.kv, self.batch)
+        lo, hi = self.contexts
+        b_slope, x_slope = (b_hi - b_lo) / (hi - lo), (x_hi - x_lo) / (hi - lo)
+        return (b_slope * hi >= MIN_ATTENTION_SHARE * b_hi and x_slope > 0
+                and b_lo - b_slope * lo > 0 and x_lo - x_slope * lo > 0)
 
     def scale(self, fit: Fit) -> Fit:
         """The base type's fit, scaled to the probed type: a forecast's step times until it runs."""
@@ -69,7 +82,7 @@ class KvProbe:
         return {"kv": self.kv, "base_kv": self.base_kv, "batch": self.batch, "contexts": list(self.contexts),
                 "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},
                 "prefill": {k: [[n, p, round(s, 6)] for n, p, s in v] for k, v in self.prefill.items()},
-                "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4),
+                "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4), "ratio_split": self.split,
                 "probe_seconds": round(self.wall_s, 3), "source": "measured in a side cache"}
 
 
@@ -85,8 +98,9 @@ def _time_one(backend: Backend, batch: int, long: int) -> tuple[list[tuple[int, 
     """In the side cache: the history prefilled chunk by chunk, then the decode points."""
     tokens = filler_tokens(backend, long)
     prefill = []
-    for pos in range(0, long, PREFILL_CHUNK):
-        chunk = tokens[pos : pos + PREFILL_CHUNK]
+    step = min(PREFILL_CHUNK, backend.max_chunk_tokens)
+    for pos in range(0, long, step):
+        chunk = tokens[pos : pos + step]
         prefill.append((len(chunk), pos, backend.prefill(0, chunk, pos)))
     mid = WARMUP + (STEPS + 1) / 2  # a step at position L + i reads L + i + 1 cells
     decode = [(batch, long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True).seconds_per_step)]

@@ -180,6 +180,7 @@ class LlamaBackend:
         return ctx
 
     def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+        kv_type(kv)  # a bad type is refused before the live cache is closed
         self._close_ctx()
         log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
@@ -198,9 +199,10 @@ class LlamaBackend:
         were after. A KV type is timed here without re-prefilling the swarm."""
         live = (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers)
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
-        self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
-        self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers = kv, n_seqs, ctx_per_seq, None, {}
         try:
+            self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
+            self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers = (kv, n_seqs, ctx_per_seq,
+                                                                                        None, {})
             yield
         finally:
             for smpl in self._samplers.values():

@@ -136,12 +136,13 @@ class Calibration:
         self.fit: Fit | None = None
 
     def add(self, batch: int, total_context: float, seconds: float, pinned: bool = False,
-            longest: float | None = None) -> None:
+            longest: float | None = None, checked: bool = True) -> None:
+        """checked=False: learned but not counted in the prequential error (a step timed outside the run)."""
         if seconds <= 0 or batch < 1:
             return
         if longest is None:
             longest = total_context / batch
-        if self.fit is not None:  # predicted before it is learned: the error a forecast would have had
+        if self.fit is not None and checked:  # predicted before it is learned: the error a forecast would have had
             self._errors.append(abs(self.fit.step_seconds(batch, total_context, longest) / seconds - 1))
         (self._pinned if pinned else self._recent).append((batch, total_context, longest, seconds))
 

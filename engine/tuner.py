@@ -44,6 +44,8 @@ FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another str
 # a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
 # does: a fit of a few steps at one batch size says little about the others
 MIN_OWN_FIT_SAMPLES = 32
+# contexts "moved 25%" from a setting left with (nearly) empty caches means moved 25% of this many tokens
+REVISIT_MIN_CONTEXT = 256.0
 
 
 @dataclass(frozen=True)
@@ -194,20 +196,21 @@ class CalibratedSim(SimBackend):
     fewer, but dequantizing it may cost more: slower on a CPU, faster on a GPU). Where no probe could run,
     it borrows another type's fit unscaled, and the decision says so."""
 
-    def __init__(self, p: Profile, fits: dict[str, Fit], prefills: dict[str, PrefillFit]) -> None:
+    def __init__(self, p: Profile, fits: dict[str, Fit], prefills: dict[str, PrefillFit], base_kv: str) -> None:
         super().__init__(p)
         self.fits = fits
         self.prefills = prefills  # per KV type: prefill slows as the history grows, by the type
+        self.base_kv = base_kv  # the run's own type: what a type never timed borrows
 
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         super().prefill(seq, tokens, pos0)  # the cache's bookkeeping, and its checks
-        fit = self.prefills.get(self.kv) or next(iter(self.prefills.values()))
+        fit = self.prefills.get(self.kv) or self.prefills.get(self.base_kv) or next(iter(self.prefills.values()))
         return fit.seconds(len(tokens), pos0)
 
     def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
                      contexts: list[float] | None = None) -> float:
         kv = kv or self.kv
-        fit = self.fits.get(kv)
+        fit = self.fits.get(kv) or self.fits.get(self.base_kv)
         bm = self.profile.bytes_model
         ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
         if fit is None:
@@ -372,28 +375,34 @@ class Tuner:
             long = long_context(sum(ctx) / max(len(ctx), 1), engine.s.ctx_per_agent)
             try:
                 p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
-            except (UserError, NoKVSlot, RuntimeError) as e:
+            except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
                 self._probes[k] = None
+                if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
+                    engine.refused_kv.add(k)
                 out.append({"phase": "probed", "kv": k, "base_kv": cur.kv, "error": str(e),
-                            "why": f"tune: KV {k} could not be timed in a side cache ({e}); its forecasts borrow "
-                                   f"KV {cur.kv}'s step time"})
+                            "why": f"tune: KV {k} could not be timed in a side cache ({e}); "
+                                   + ("it is no candidate" if isinstance(e, UserError) else
+                                      f"its forecasts borrow KV {cur.kv}'s step time, unscaled")})
                 continue
             self._probes[k] = p
             bm = engine.facts.bytes_model
-            for kv, points in p.decode.items():  # what the side caches timed, kept like a sweep's points
+            # what the side caches timed joins each type's fit as steps of the run do, fading as they do: at
+            # the start they are all there is; they are not counted in the run's prequential error
+            for kv, points in p.decode.items():
                 cal = engine.analysis.calibration(kv)
                 for batch, context, seconds in points:
                     longest = bm.kv_equivalent_tokens(kv, context)
-                    cal.add(batch, batch * longest, seconds, pinned=True, longest=longest)
+                    cal.add(batch, batch * longest, seconds, longest=longest, checked=False)
                 cal.refit()
             for kv, chunks in p.prefill.items():
                 for tokens, pos0, seconds in chunks:
                     self._prefill.setdefault(kv, PrefillCalibration()).add(tokens, pos0, seconds, pinned=True)
             fixed, per_token = p.ratios
+            what = (f"attention {per_token:.2f}x per token, the rest {fixed:.2f}x" if p.split else
+                    f"the whole step {fixed:.2f}x (attention too small here to time apart)")
             out.append({"phase": "probed", **p.record(),
                         "why": f"tune: timed KV {k} against {cur.kv} in a side cache ({p.wall_s:.1f} s, batch "
-                               f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): attention "
-                               f"{per_token:.2f}x per token, the rest {fixed:.2f}x (measured)"})
+                               f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"})
         return out
 
     def step_time_source(self, engine, kv: str) -> str:
@@ -403,7 +412,7 @@ class Tuner:
         if own is not None and (own.samples >= MIN_OWN_FIT_SAMPLES or p is None):
             return f"fitted on this run's {own.samples} steps at {kv}"
         if p is not None and engine.analysis.fit(p.base_kv) is not None:
-            return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (measured)"
+            return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (modeled from measured ratios)"
         return "borrowed from another KV type's fit, unscaled (never timed at this type)"
 
     # the candidates: one lever at a time, a step away
@@ -499,7 +508,7 @@ class Tuner:
                     context_per_agent=engine.s.ctx_per_agent, n_ctx_train=f.n_ctx_train, power_floor_watts=0.0,
                     power_per_agent_watts=0.0, source="calibrated on this run (modeled)", layers=f.bytes_model,
                     host_link_bytes_per_s=swap_bw)
-        return CalibratedSim(p, fits, prefills)
+        return CalibratedSim(p, fits, prefills, engine.s.kv)
 
     def _meter(self, engine):
         m = engine.meter
@@ -579,7 +588,7 @@ class Tuner:
     def _may_return(self, s: Setting, mean_ctx: float) -> bool:
         """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
         left = self._left_at_context.get(s)
-        return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, 1.0)
+        return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, REVISIT_MIN_CONTEXT)
 
     def _draw_spreads(self, new_runs: list[list[Tally]],
                       stay_runs: list[list[Tally]]) -> list[tuple[float | None, int]]:
