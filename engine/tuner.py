@@ -544,9 +544,11 @@ class Tuner:
         if cur is not best and best in self._left_at_context and (
                 gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
             return None
-        # chosen on some draws, judged on others: the gain it states is not the luck that picked it
+        # chosen on some draws, judged on others: the gain it states is not the luck that picked it. With one
+        # candidate nothing was picked among several (no winner's curse), and its draws judge it as fresh ones
+        # would: the look before the first step, weighing one other KV type, saves the confirming forecasts
         fresh = range(self.goal.forecast_seeds, self.goal.forecast_seeds + self.goal.confirm_seeds)
-        if self.goal.confirm_seeds > 0:
+        if self.goal.confirm_seeds > 0 and len(forecasts) > 1:
             new_runs, stay_runs = self.forecast(engine, best, fresh), self.forecast(engine, cur, fresh)
             if new_runs is None or stay_runs is None:
                 return None
