@@ -18,19 +18,14 @@ from swarmtune.engine.kv_probe import (
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.step_model import Fit
-from tests.conftest import SIM
+from tests.conftest import SIM, prefill_code
 
 
 @pytest.mark.model
 def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(llama_backend):
     b = llama_backend
-    b.open("f16", 2, 512)
-    b.seed_sampler(0, 1)
-    tokens = b.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
-    b.prefill(0, tokens, 0)
-    nxt = b.tokenize(" #")[0]
-    cells_before, samplers = b.cells(0), dict(b._samplers)  # the session's backend: other tests' samplers too
-    logits_before = b.next_logits(0, nxt, len(tokens))
+    tokens, nxt, cells_before, logits_before = prefill_code(b)
+    samplers = dict(b._samplers)  # the session's backend: other tests' samplers too
 
     p = probe_kv(b, "f16", "q8_0", 2, 256)
 

@@ -14,7 +14,7 @@ from swarmtune.engine.errors import UserError
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.workload import AgentState, Residency
-from tests.conftest import SIM
+from tests.conftest import SIM, prefill_code
 from tests.test_cache_integrity import assert_each_agent_continues_its_own_text
 
 
@@ -107,13 +107,7 @@ def test_bad_residency_and_latency_are_one_line_errors():
 @pytest.mark.model
 def test_swap_out_and_back_leaves_cells_and_logits_as_they_were(llama_backend):
     b = llama_backend
-    b.open("f16", 2, 512)
-    b.seed_sampler(0, 1)
-    tokens = b.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
-    b.prefill(0, tokens, 0)
-    nxt = b.tokenize(" #")[0]
-    cells_before = b.cells(0)
-    logits_before = b.next_logits(0, nxt, len(tokens))
+    tokens, nxt, cells_before, logits_before = prefill_code(b)
     handle, nbytes, seconds = b.save_seq(0)
     assert nbytes > 0 and seconds >= 0
     b.drop(0)
