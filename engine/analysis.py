@@ -51,11 +51,11 @@ class StepAnalysis:
     def reference(self, kv: str) -> BatchOneReference:
         return self._references.setdefault(kv, BatchOneReference(self.how))
 
-    def _reference_step(self, kv: str, batch: int, mean_ctx: float, seconds: float) -> None:
-        if batch == 1:
-            if not self._fresh_context:
-                self.reference(kv).add(mean_ctx, seconds)
-            self._fresh_context = False
+    def _reference_step(self, kv: str, mean_ctx: float, seconds: float) -> None:
+        """A batch-1 step: a reference sample, unless it was a fresh context's first (which builds the graph)."""
+        if not self._fresh_context:
+            self.reference(kv).add(mean_ctx, seconds)
+        self._fresh_context = False
 
     def carry_references(self, other: "StepAnalysis") -> None:
         """Another analysis's batch-1 references, copied: a forecast takes its reference steps when the run
@@ -79,7 +79,8 @@ class StepAnalysis:
             return
         mean_ctx = rec.mean_context
         if self.forecasting:
-            self._reference_step(kv, b, mean_ctx, seconds)
+            if b == 1:
+                self._reference_step(kv, mean_ctx, seconds)
             return
         if power is not None:
             self.ledger.add(b, power.joules, rec.tokens, seconds)
@@ -100,7 +101,7 @@ class StepAnalysis:
             rec.fit = fit.record
         ref = self.reference(kv)
         if b == 1:
-            self._reference_step(kv, b, mean_ctx, seconds)
+            self._reference_step(kv, mean_ctx, seconds)
         elif ref.covers(mean_ctx) and seconds > 0:
             rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
         if fit is not None and power is not None:

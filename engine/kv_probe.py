@@ -48,13 +48,16 @@ class KvProbe:
         lo, hi = (sec for b, _, sec in self.decode[kv] if b == batch)
         return lo, hi
 
+    def _line(self, kv: str) -> tuple[float, float, float]:
+        """(intercept, slope per context token, seconds at the long point) of kv's steps at the probe's batch."""
+        (t_lo, t_hi), (lo, hi) = self._at(kv, self.batch), self.contexts
+        slope = (t_hi - t_lo) / (hi - lo)
+        return t_lo - slope * lo, slope, t_hi
+
     @property
     def ratios(self) -> tuple[float, float]:
         """(apart from attention, attention per token): the probed type's decode cost over the base type's."""
-        (b_lo, b_hi), (x_lo, x_hi) = self._at(self.base_kv, self.batch), self._at(self.kv, self.batch)
-        lo, hi = self.contexts
-        b_slope, x_slope = (b_hi - b_lo) / (hi - lo), (x_hi - x_lo) / (hi - lo)
-        b_fixed, x_fixed = b_lo - b_slope * lo, x_lo - x_slope * lo
+        (b_fixed, b_slope, b_hi), (x_fixed, x_slope, x_hi) = self._line(self.base_kv), self._line(self.kv)
         lo_r, hi_r = RATIO_BOUNDS
         if not self.split:
             whole = min(max(x_hi / b_hi, lo_r), hi_r)
@@ -65,11 +68,9 @@ class KvProbe:
     def split(self) -> bool:
         """Whether attention showed enough in the base type's steps to be told from the rest (the probed
         type's may well be small: that is what it measures, bounded by RATIO_BOUNDS)."""
-        (b_lo, b_hi), (x_lo, x_hi) = self._at(self.base_kv, self.batch), self._at(self.kv, self.batch)
-        lo, hi = self.contexts
-        b_slope, x_slope = (b_hi - b_lo) / (hi - lo), (x_hi - x_lo) / (hi - lo)
-        return (b_slope * hi >= MIN_ATTENTION_SHARE * b_hi and x_slope > 0
-                and b_lo - b_slope * lo > 0 and x_lo - x_slope * lo > 0)
+        (b_fixed, b_slope, b_hi), (x_fixed, x_slope, _) = self._line(self.base_kv), self._line(self.kv)
+        return (b_slope * self.contexts[1] >= MIN_ATTENTION_SHARE * b_hi and x_slope > 0
+                and b_fixed > 0 and x_fixed > 0)
 
     def scale(self, fit: Fit) -> Fit:
         """The base type's fit, scaled to the probed type: a forecast's step times until it runs."""

@@ -252,10 +252,7 @@ class Tuner:
             # before the first look, whose forecasts need every allowed type's step time; measuring, not
             # forecasting, so outside the thinking budget, and once per type and run
             out += self._probe_missing(engine, self.setting(engine))
-        # a forecast of staying says nothing of what came after the setting moved (a decision, or a person):
-        # its spans not yet closed are dropped, not compared
-        now_setting = self.setting(engine)
-        self._checks = [c for c in self._checks if c[2] == now_setting]
+        self._drop_moved_checks(engine)
         for _, came, _ in self._checks:
             came.add(rec)
         self._close_checks()
@@ -304,13 +301,18 @@ class Tuner:
             pending = (self._pending, self._pending_tally)
             decision = self._decide(engine, cur, base, kv_only)
             if decision is not None:
-                now_setting = self.setting(engine)
-                self._checks = [c for c in self._checks if c[2] == now_setting]  # staying is off now
+                self._drop_moved_checks(engine)
                 if pending[0] is not None:  # the last decision's outcome: over the spans that passed before this one
                     out.append(self._measured(engine, *pending))
                 out.append(decision)
         self._thought_s += time.perf_counter() - t0
         return out
+
+    def _drop_moved_checks(self, engine) -> None:
+        """A forecast of staying says nothing of what came after the setting moved (a decision, or a person):
+        its spans not yet closed are dropped, not compared."""
+        now_setting = self.setting(engine)
+        self._checks = [c for c in self._checks if c[2] == now_setting]
 
     @property
     def spans(self) -> list[float]:
