@@ -78,5 +78,12 @@ class Backend(Protocol):
     def restore_seq(self, seq: int, handle: object) -> float:
         """Put a saved state back into the empty seq; returns seconds. NoKVSlot when the cache has no room."""
 
+    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+        """None where a saved state can be converted from one KV type to the other; else why not."""
+
+    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+        """A saved state (save_seq) with its K and V rows in type kv: (handle, seconds). Raises
+        Unconvertible (engine/kv_convert.py) where its layout is not one it can convert."""
+
     def cells(self, seq: int) -> tuple[int, int]:
         """(first, last) position seq's cache holds; (-1, -1) when it holds none."""

@@ -14,6 +14,7 @@ import swarmtune
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
 from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.kv_convert import Unconvertible
 from swarmtune.engine.power.meter import NoMeter
 from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.engine.scheduler import Plan, Scheduler
@@ -432,10 +433,40 @@ class Engine:
         rec.reference = bool(note)
         return rec
 
+    def _convert_states(self, old: str, kv: str) -> tuple[dict[int, object], dict[int, object], str]:
+        """Before the old cache closes: every cached history (and every swapped one) saved and converted to
+        kv. Returns (agent id -> converted state, agent id -> the state as saved, why not), both empty where
+        conversion does not apply; a failure midway converts nothing (the old cache is still open)."""
+        why = "off (--no-kv-convert)" if not self.s.kv_convert else self.backend.can_convert(old, kv)
+        if why is not None:
+            return {}, {}, why
+        saved: dict[int, object] = {}
+        out: dict[int, object] = {}
+        try:
+            for a in self.agents:
+                if a.state is AgentState.PREEMPTED or not a.context:
+                    continue
+                if a.residency is Residency.HOST:
+                    handle = a.swapped
+                    nbytes = getattr(a.swapped, "nbytes", 0)
+                elif a.residency is Residency.CACHE and a.seq < self.backend.n_seqs:
+                    handle, nbytes, seconds = self.backend.save_seq(a.seq)
+                    saved[a.id] = handle
+                    self._move(a, "convert_save", nbytes, seconds, self._cost_source)
+                else:
+                    continue
+                out[a.id], seconds = self.backend.convert_saved(handle, kv)
+                self._move(a, "convert", nbytes, seconds, self._cost_source)
+        except Unconvertible as e:
+            self._moves = [m for m in self._moves if not m["op"].startswith("convert")]
+            return {}, {}, str(e)
+        return out, saved, ""
+
     def _rebuild(self, kv: str) -> StepRecord:
         old = self.s.kv
         t0 = time.perf_counter()
         refused = ""
+        converted, saved, why_not = self._convert_states(old, kv) if kv != old else ({}, {}, "")
         try:
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
         except UserError as e:  # this build cannot make that cache: keep running on the old one
@@ -443,16 +474,38 @@ class Engine:
             self.refused_kv.add(kv)  # the tuner does not ask for it again
             kv = old
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
+            converted = saved  # the states as saved go back into the old type's cache
+            self._moves = [m for m in self._moves if not m["op"].startswith("convert")]
             with self._lock:
                 self._pending_state = replace(self._pending_state, kv=kv)
         self.s.kv = kv
         self.analysis.context_opened()
         self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
+        budget = self.scheduler.kv_budget_tokens
+        restored: set[int] = set()
+        restore_s, converted_tokens = 0.0, 0
+        for a in sorted(self.agents, key=lambda x: x.id):
+            handle = converted.get(a.id)
+            if handle is None:
+                continue
+            if a.residency is Residency.HOST:
+                a.swapped = handle  # still swapped out, now in the new type
+                restored.add(a.id)
+                continue
+            if self.scheduler.used_tokens([x for x in self.agents if x.id in restored]) + a.context > budget:
+                continue  # the smaller budget cannot hold it: prefilled (or preempted) below
+            try:
+                restore_s += self.backend.restore_seq(a.seq, handle)
+            except (NoKVSlot, Unconvertible):
+                continue  # no room after all, or not the layout it was converted for: prefilled again below
+            restored.add(a.id)
+            converted_tokens += a.context
         for a in self.agents:
-            if a.state is AgentState.TOOL and a.residency is Residency.HOST and kv != old:
+            if a.state is AgentState.TOOL and a.residency is Residency.HOST and a.id not in restored and kv != old:
                 a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
                 self._move(a, "swap_discarded", 0, 0.0, self._cost_source)
-        live = [a for a in self.agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE]
+        live = [a for a in self.agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE
+                and a.id not in restored]
         for a in self.agents:
             self.workload.seed_sampler(a)
             if a not in live:
@@ -462,7 +515,6 @@ class Engine:
             a.requeue()
         total = sum(len(a.pending) for a in live)
         seconds, done = 0.0, 0
-        budget = self.scheduler.kv_budget_tokens
         preempted: list[int] = []
         self.backend.interrupt_with(self.should_stop)  # quitting stops even a chunk in progress
         try:
@@ -488,12 +540,22 @@ class Engine:
                     a.state = AgentState.DECODE
         finally:
             self.backend.interrupt_with(None)
-        wall = time.perf_counter() - t0
+        moves_s = sum(m["seconds"] for m in self._moves if m["op"].startswith("convert"))
         if self.backend.source == "simulated":
-            wall = seconds
+            wall = seconds + restore_s  # the conversion's own seconds are in its moves
+        else:
+            wall = max(time.perf_counter() - t0 - moves_s, 0.0)
         what = f"kv {old} -> {kv}" if kv != old or refused else f"room for {self.slots} agents"
-        return self._record("rebuild", [], wall, done, preempted,
-                            note=f"{refused}{what}: re-prefilled {done} tokens in {wall:.2f} s")
+        how = []
+        if converted_tokens:
+            how.append(f"converted {converted_tokens} cached tokens of {len(restored)} agents in place "
+                       f"({moves_s + restore_s:.2f} s)")
+        if done or not converted_tokens:
+            how.append(f"re-prefilled {done} tokens" + (f" (no conversion: {why_not})" if why_not else ""))
+        rec = self._record("rebuild", [], wall, done, preempted,
+                           note=f"{refused}{what}: " + "; ".join(how) + f" in {wall + moves_s:.2f} s")
+        rec.converted_tokens = converted_tokens
+        return rec
 
     # the record
     def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],

@@ -113,6 +113,7 @@ class LlamaBackend:
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self._prefill_row = None
+        self.attn_rot: tuple[bool, ...] = (False, False)
         self._abort_cb = None  # kept here: llama.cpp holds only the pointer
         # MoE: distinct experts of the last decode step, per MoE layer (measured through an eval callback)
         want_routing = default_measure_routing() if measure_routing is None else measure_routing
@@ -189,7 +190,10 @@ class LlamaBackend:
         self.mem = ll.llama_get_memory(ctx)
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._prefill_row = None
-        self.cache_bytes = caches_from_log(llama_log_since(log_mark))
+        lines = llama_log_since(log_mark)
+        self.cache_bytes = caches_from_log(lines)
+        # whether llama.cpp stores this cache's K and V rotated (engine/kv_convert.py), in its own words
+        self.attn_rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in lines) for x in "kv")
         self.kv_buffer_bytes = sum(self.cache_bytes.values()) if self.cache_bytes else None
 
     @contextmanager
@@ -369,11 +373,36 @@ class LlamaBackend:
         assert isinstance(handle, _SavedSeq)
         if handle.kv != self.kv:  # the rows are in the old cache's type: llama.cpp would read them wrong
             raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.kv} cache")
+        if handle.rot is not None and handle.rot != self.attn_rot:
+            from swarmtune.engine.kv_convert import Unconvertible
+
+            raise Unconvertible(f"converted for rotation {handle.rot}, but this cache rotates {self.attn_rot}")
         t0 = time.perf_counter()
         read = ll.llama_state_seq_set_data(self.ctx, handle.data, handle.nbytes, seq)
         if read == 0:  # llama.cpp found no room for the cells (and left the sequence empty)
             raise NoKVSlot()
         return time.perf_counter() - t0
+
+    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+        bm = self.facts.bytes_model
+        if bm.has_swa or bm.state_bytes:
+            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
+        if not all(self.flash_attn or kv_type(k).quantized for k in (kv_from, kv_to)):
+            return "V is stored transposed without flash attention"
+        return None
+
+    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+        from swarmtune.engine.kv_convert import Unconvertible, convert, rotation
+
+        assert isinstance(handle, _SavedSeq)
+        t0 = time.perf_counter()
+        f = self.facts
+        rot_from, rot_to = (rotation(k, f.head_dim_k, f.head_dim_v) for k in (handle.kv, kv))
+        if handle.kv == self.kv and tuple(bool(r) for r in rot_from) != self.attn_rot:
+            raise Unconvertible(f"llama.cpp rotates this {self.kv} cache as {self.attn_rot}, not as expected")
+        data = convert(memoryview(handle.data), f.n_layer, kv, self.n_threads, rot_from, rot_to)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        return _SavedSeq(buf, len(data), kv, tuple(bool(r) for r in rot_to)), time.perf_counter() - t0
 
     def cells(self, seq: int) -> tuple[int, int]:
         return ll.llama_memory_seq_pos_min(self.mem, seq), ll.llama_memory_seq_pos_max(self.mem, seq)
@@ -397,6 +426,7 @@ class _SavedSeq:
     data: ctypes.Array  # host memory
     nbytes: int
     kv: str
+    rot: tuple[bool, bool] | None = None  # converted: the (K, V) rotation its rows are in
 
 
 def caches_from_log(lines: list[str]) -> dict[str, int]:

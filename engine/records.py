@@ -69,10 +69,12 @@ class StepRecord:
     distinct_experts: float | None = None
     distinct_experts_source: str | None = None
     # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop |
-    # swap_discarded: a KV switch made the saved state unreadable),
+    # swap_discarded: a KV switch made the saved state unreadable; convert_save, convert: a KV switch saved a
+    # history and converted its rows to the new type, engine/kv_convert.py),
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
     moved: list[dict[str, Any]] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
+    converted_tokens: int = 0  # kind "rebuild": cached tokens converted to the new KV type, not prefilled again
     # kind "tune": the tuner's decision or its outcome (engine/tuner.py): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
     tune: dict[str, Any] | None = None

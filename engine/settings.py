@@ -80,6 +80,9 @@ class EngineSettings:
     tool_latency_sigma: float = 1.0
     residency: str = "keep"  # keep | swap | drop: where a waiting agent's history lives
     reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
+    # a KV switch converts the cached K and V to the new type where the backend can (engine/kv_convert.py);
+    # off, or where it cannot, every history is prefilled again
+    kv_convert: bool = True
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
 
     def validate(self, n_ctx_train: int) -> None:

@@ -52,6 +52,9 @@ class _SavedSeq:
 class SimBackend:
     source = "simulated"
     max_chunk_tokens = 512
+    # a host converts f16 rows to q8_0 at about 0.7 GB/s a core with ggml's routines (measured on the default
+    # model, bench/kv_switch.py); a forecast's calibrated simulator uses this run's measured rate instead
+    convert_bytes_per_s = 1.0e9
 
     def __init__(self, p: Profile) -> None:
         self.profile = p
@@ -131,7 +134,11 @@ class SimBackend:
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         self._expect(seq, pos0)
         self._grow(seq, len(tokens))
-        return len(tokens) / self.profile.prefill_tokens_per_s
+        return self.prefill_seconds(len(tokens), pos0, self.kv)
+
+    def prefill_seconds(self, tokens: int, pos0: int, kv: str | None = None) -> float:
+        """What prefilling `tokens` at pos0.. costs, without touching a cache."""
+        return tokens / self.profile.prefill_tokens_per_s
 
     def first_token_after_prefill(self, seq: int) -> int:
         return self._sample(seq)
@@ -184,6 +191,19 @@ class SimBackend:
             raise NoKVSlot()
         self._len[seq] = handle.tokens
         return handle.nbytes / self.profile.host_link_bytes_per_s
+
+    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+        bm = self.profile.bytes_model
+        if bm.has_swa or bm.state_bytes:
+            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
+        return None
+
+    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+        """Modeled: the rows go to host memory and back over the profile's link (save_seq and restore_seq
+        count that), and the host converts them at CONVERT_BYTES_PER_S."""
+        assert isinstance(handle, _SavedSeq)
+        nbytes = int(self.profile.bytes_model.kv_cache_bytes(kv, handle.tokens) + self.profile.bytes_model.state_bytes)
+        return _SavedSeq(handle.tokens, nbytes, kv), handle.nbytes / self.convert_bytes_per_s
 
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
         pass  # a simulated step takes no time to compute

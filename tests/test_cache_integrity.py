@@ -61,7 +61,8 @@ def _run(e: Engine, steps: int) -> None:
 
 
 def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
-    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    """The re-prefill path (conversion off, or where it does not apply)."""
+    e = Engine(llama_backend, EngineSettings(**SETTINGS, kv_convert=False))
     _run(e, 30)
     before = {a.id: a.context for a in e.agents}
     assert all(before.values())
@@ -76,6 +77,24 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
         _run(e, 5)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
     assert all(a.context >= before[a.id] or a.tasks > 1 for a in e.agents)
+
+
+def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backend, fresh):
+    """The cached K and V converted to the new type (engine/kv_convert.py): nothing prefilled again, every
+    agent's next-token distribution within the type's tolerance of a fresh prefill at the new type."""
+    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    _run(e, 30)
+    for kv in ("q8_0", "f16", "q8_0"):
+        e.request(kv=kv)
+        r = e.step()
+        assert r.kind == "rebuild" and r.kv_type == kv
+        held = sum(a.context for a in e.agents if a.context)
+        assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
+        assert "converted" in r.note and {m["op"] for m in r.moved} >= {"convert", "convert_save"}
+        assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
+        _run(e, 5)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
 
 
 def test_cap_change_and_agents_added_and_removed(llama_backend, fresh):

@@ -13,9 +13,10 @@ from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, wait_for
 
 
-def sim_app() -> SwarmApp:
+def sim_app(kv_convert: bool = True) -> SwarmApp:
     p = profile(SIM)
-    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=16384, kv_budget_bytes=p.kv_budget_bytes),
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=16384, kv_budget_bytes=p.kv_budget_bytes,
+                                             kv_convert=kv_convert),
                meter=ModeledMeter(p.power_floor_watts, p.power_per_agent_watts))
     return SwarmApp(LiveSource(e))
 
@@ -97,7 +98,7 @@ async def test_dashboard_on_the_default_model(llama_backend):
 async def test_a_kv_switch_shows_its_rebuild_progress():
     from swarmtune.tui.messages import EngineProgress
 
-    app = sim_app()
+    app = sim_app(kv_convert=False)  # the re-prefill path reports its progress chunk by chunk
     seen: list = []
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
         assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
@@ -120,7 +121,7 @@ async def _quit_seconds(app: SwarmApp, pilot) -> float:
 
 
 async def test_quit_just_after_a_kv_switch_is_prompt():
-    app = sim_app()  # the sim plays a rebuild's re-prefill seconds at wall-clock pace
+    app = sim_app(kv_convert=False)  # the sim plays a rebuild's re-prefill seconds at wall-clock pace
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_for(pilot, lambda: app.stats.latest_decode is not None)
         await pilot.press("k")
@@ -131,7 +132,7 @@ async def test_quit_just_after_a_kv_switch_is_prompt():
 @pytest.mark.model
 async def test_quit_mid_rebuild_on_the_real_model(llama_backend):
     e = Engine(llama_backend, EngineSettings(agents=4, ctx_per_agent=2048, gen_tokens=16, tool_tokens=192,
-                                             reference=False))
+                                             reference=False, kv_convert=False))
     app = SwarmApp(LiveSource(e))
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_for(pilot, lambda: app.stats.latest is not None and

@@ -95,6 +95,7 @@ def test_kv_budget_preempts_the_longest_and_requeues_it(sim_engine):
 
 
 def test_kv_switch_rebuilds_and_reprefills(sim_engine):
+    sim_engine.s.kv_convert = False
     for _ in range(200):
         sim_engine.step()
     live = sum(a.context for a in sim_engine.agents)
@@ -105,6 +106,21 @@ def test_kv_switch_rebuilds_and_reprefills(sim_engine):
     assert "f16 -> q8_0" in r.note
     r = sim_engine.step()
     assert r.kv_type == "q8_0"
+
+
+def test_kv_switch_converts_the_cached_rows_at_a_modeled_cost(sim_engine):
+    for _ in range(200):
+        sim_engine.step()
+    live = sum(a.context for a in sim_engine.agents if a.residency.value == "cache")
+    sim_engine.request(kv="q8_0")
+    r = sim_engine.step()
+    assert r.kind == "rebuild" and r.tokens == 0 and r.converted_tokens == live > 0
+    converts = [m for m in r.moved if m["op"] == "convert"]
+    assert converts and all(m["source"] == "modeled" and m["seconds"] > 0 for m in converts)
+    assert r.residency_seconds > 0 and "converted" in r.note
+    sim_engine.check_caches()
+    for _ in range(20):
+        assert sim_engine.step().kv_type == "q8_0"
 
 
 def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatch):
