@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -106,6 +107,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="MoE models: count the distinct experts each decode step routes to (measured, through an "
                         "eval callback; it cost 3-27%% of step time on a 2-core CPU, so off by default: uniform "
                         "routing, modeled)")
+    g.add_argument("--no-kv-convert", action="store_true",
+                   help="a KV switch prefills every history again instead of converting the cached K and V")
     g.add_argument("--no-reference", action="store_true",
                    help="no interleaved batch-1 reference steps (then no measured speedup)")
     g.add_argument("--check", action="store_true",
@@ -250,7 +253,7 @@ def engine_settings(args: argparse.Namespace, backend):
     return EngineSettings(
         agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
         gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
-        reference=not args.no_reference, check=args.check or check_default(),
+        reference=not args.no_reference, check=args.check or check_default(), kv_convert=not args.no_kv_convert,
         tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
     )
 
@@ -264,7 +267,9 @@ def tuner_goal(args: argparse.Namespace):
         raise UserError(f"--tune-kv {args.tune_kv} leaves out --kv {args.kv}, the type the run starts at")
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise UserError(f"--power-cap-w must be positive (got {args.power_cap_w})")
-    return Goal(objective=objective, floor_tokens_per_s=floor, allowed_kv=allowed, power_cap_watts=args.power_cap_w)
+    # a run of known length plans for what is left of it (`tune` sets its default length itself)
+    return Goal(objective=objective, floor_tokens_per_s=floor, allowed_kv=allowed, power_cap_watts=args.power_cap_w,
+                run_s=getattr(args, "duration", None))
 
 
 def make_engine(args: argparse.Namespace, progress=None):
@@ -502,6 +507,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {args.json_path}: folder {Path(args.json_path).parent} does not exist")
     e = make_engine(args)
     duration = args.duration or (600.0 if e.backend.source == "simulated" else 120.0)
+    e.tuner.goal = replace(e.tuner.goal, run_s=duration)
     flag = _stop_on_signals()
     decisions, whole, last = [], Tally(), []
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json_path == "-" else print

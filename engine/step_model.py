@@ -77,6 +77,12 @@ class Fit:
             return None
         return batch * one / many
 
+    def scaled(self, factor: float) -> "Fit":
+        """Every step time times factor: a model corrected by what its steps measured against it."""
+        return Fit(tuple((b, g * factor) for b, g in self.knots), self.per_kv_token_seconds * factor,
+                   self.rms_relative_error, self.samples, self.median_error, self.checked,
+                   self.per_longest_token_seconds * factor)
+
     @cached_property
     def record(self) -> dict:
         """As a record's `fit`: built once per refit, not once per step (every decode record carries it)."""

@@ -37,6 +37,7 @@ from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.step_model import Fit
+from swarmtune.engine.tune_watch import Watch, verdict
 from swarmtune.engine.workload import AgentState, Residency
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
@@ -46,6 +47,8 @@ FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another str
 MIN_OWN_FIT_SAMPLES = 32
 # contexts "moved 25%" from a setting left with (nearly) empty caches means moved 25% of this many tokens
 REVISIT_MIN_CONTEXT = 256.0
+# a setting reverted as measurably worse is tried again only once the contexts moved this much (or the budget)
+PENALTY_CONTEXT_CHANGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,12 @@ class Goal:
     allowed_kv: tuple[str, ...] = ()  # KV types the tuner may use; () = only the run's own (quality is the user's call)
     power_cap_watts: float | None = None
     epoch_s: float = 10.0  # how often it looks
-    # how far each forecast runs: long enough to pay back a KV switch's re-prefill, which a short one
-    # would always count against it, and to see the KV budget fill as contexts grow (on the simulated
-    # RX 9070 XT, q8_0's gain over f16 from an empty swarm is +7% over 120 s and +32% over 240 s)
+    # how far each forecast runs when the run's length is unknown (the dashboard, serve): long enough to see
+    # the KV budget fill as contexts grow (on the simulated RX 9070 XT, q8_0's gain over f16 from an empty
+    # swarm is +7% over 120 s and +32% over 240 s), short enough that a forecast costs a few hundred ms here.
+    # A run of known length (run_s: --duration, the bench) plans only for what is left of it.
     horizon_s: float = 240.0
+    run_s: float | None = None  # the run's length on the engine's clock, where known
     dwell_s: float = 30.0  # the least time between two changes
     margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
     revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
@@ -82,6 +87,9 @@ class Goal:
     # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock (the
     # first look, planned with the probe before the swarm's first step, aside)
     think_share: float = 0.03
+    # the forecast error assumed before three forecasts of staying were checked on this run: a move needs
+    # its gain past the margin plus this (or the measured error, once there is one)
+    prior_error: float = 0.10
 
 
 def parse_objective(text: str) -> tuple[str, float]:
@@ -204,8 +212,12 @@ class CalibratedSim(SimBackend):
 
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         super().prefill(seq, tokens, pos0)  # the cache's bookkeeping, and its checks
-        fit = self.prefills.get(self.kv) or self.prefills.get(self.base_kv) or next(iter(self.prefills.values()))
-        return fit.seconds(len(tokens), pos0)
+        return self.prefill_seconds(len(tokens), pos0, self.kv)
+
+    def prefill_seconds(self, tokens: int, pos0: int, kv: str | None = None) -> float:
+        kv = kv or self.kv
+        fit = self.prefills.get(kv) or self.prefills.get(self.base_kv) or next(iter(self.prefills.values()))
+        return fit.seconds(tokens, pos0)
 
     def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
                      contexts: list[float] | None = None) -> float:
@@ -219,6 +231,22 @@ class CalibratedSim(SimBackend):
         return max(fit.step_seconds(batch, sum(tokens), max(tokens, default=0.0)), 1e-6)
 
 
+class SimStepCost:
+    """A step's cost as the forecast's simulator models it (engine/tune_watch.py checks steps against it)."""
+
+    def __init__(self, sim: SimBackend) -> None:
+        self.sim = sim
+
+    def decode_seconds(self, batch: int, contexts: list[float], kv: str) -> float:
+        return self.sim.step_seconds(batch, sum(contexts), kv=kv, contexts=contexts)
+
+    def prefill_seconds(self, tokens: int, pos0: int, kv: str) -> float:
+        return self.sim.prefill_seconds(tokens, pos0, kv)
+
+    def move_seconds(self, nbytes: int) -> float:
+        return nbytes / self.sim.profile.host_link_bytes_per_s
+
+
 class Tuner:
     def __init__(self, goal: Goal) -> None:
         self.goal = goal
@@ -228,6 +256,9 @@ class Tuner:
         self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
         self._thought_s = 0.0  # wall seconds spent forecasting
         self._probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
+        # settings reverted as measurably worse: the mean context and KV budget then, and their q (measured
+        # over forecast step times); not tried again until those conditions move
+        self._penalties: dict[Setting, tuple[float, float | None, float]] = {}
         self.restart()
 
     def restart(self) -> None:
@@ -240,6 +271,8 @@ class Tuner:
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
         # forecasts of staying being checked: (what each span was forecast to hold, what came, at which setting)
         self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
+        # the last change (from, to), checked step by step against its forecast's model
+        self._watch: tuple[Watch, Setting, Setting] | None = None
 
     # what the engine calls after every record
     def observe(self, engine, rec: StepRecord) -> list[dict]:
@@ -258,8 +291,9 @@ class Tuner:
         self._close_checks()
         if self._pending is not None and self._pending_tally is not None:
             self._pending_tally.add(rec)
-            if len(self._pending_tally.closed) == len(self.spans):
+            if len(self._pending_tally.closed) == len(self._pending_tally.spans):
                 out.append(self._measured(engine))
+        out += self._check_watch(engine, rec)
         # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
         # while the caches it re-prefills are short
         first_look = not self._looked and self._simulator(engine) is not None
@@ -296,7 +330,7 @@ class Tuner:
         t0 = time.perf_counter()
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
         if base is not None and all(run[-1].seconds > 0 for run in base):
-            self._checks.append((self._objectives(base), SpanTally(now, self.spans), cur))
+            self._checks.append((self._objectives(base), SpanTally(now, self.spans_for(self.horizon_at(now))), cur))
         if now - self._last_change_s >= self.goal.dwell_s and base is not None:
             pending = (self._pending, self._pending_tally)
             decision = self._decide(engine, cur, base, kv_only)
@@ -314,15 +348,28 @@ class Tuner:
         now_setting = self.setting(engine)
         self._checks = [c for c in self._checks if c[2] == now_setting]
 
+    def horizon_at(self, now_s: float) -> float:
+        """How far a forecast made now runs: what is left of a run of known length (up to the default
+        horizon), else the default; at least one epoch."""
+        h = self.goal.horizon_s
+        if self.goal.run_s is not None:
+            h = min(h, self.goal.run_s - now_s)
+        return max(h, self.goal.epoch_s)
+
+    def spans_for(self, horizon_s: float) -> list[float]:
+        """The spans a forecast is checked over: each epoch up to the horizon (span k is always k+1 epochs,
+        the last one cut at the horizon)."""
+        n = max(1, math.ceil(horizon_s / self.goal.epoch_s - 1e-9))
+        return [min(self.goal.epoch_s * (k + 1), horizon_s) for k in range(n)]
+
     @property
     def spans(self) -> list[float]:
-        """The spans a forecast is checked over: each epoch up to the horizon."""
-        n = max(1, math.ceil(self.goal.horizon_s / self.goal.epoch_s - 1e-9))
-        return [min(self.goal.epoch_s * (k + 1), self.goal.horizon_s) for k in range(n)]
+        """The spans of a forecast over the default horizon."""
+        return self.spans_for(self.goal.horizon_s)
 
     def _objectives(self, runs: list[list[Tally]]) -> list[float | None]:
         """The forecast objective at each span, averaged over the forecast's seeds."""
-        return [_mean(run[k].objective_value(self.goal) for run in runs) for k in range(len(self.spans))]
+        return [_mean(run[k].objective_value(self.goal) for run in runs) for k in range(len(runs[0]))]
 
     def _close_checks(self) -> None:
         """Forecasts of staying whose spans have passed: their errors, measured, are the tuner's stated error."""
@@ -333,20 +380,82 @@ class Tuner:
                 if forecast[done] and measured:
                     self._errors[done] = (self._errors.get(done, []) + [forecast[done] / measured - 1])[-32:]
                 came.checked = done + 1
-            if len(came.closed) < len(self.spans):
+            if len(came.closed) < len(came.spans):
                 keep.append((forecast, came, setting))
         self._checks = keep
 
     def stated_error(self, span: int | None = None) -> float | None:
         """How far a forecast gain over a span may be from the measured one: twice the rms error of the
         forecasts of staying checked over that span (about 95% of them fall inside), or over the longest
-        shorter span with 3 checks (noisier, so wider). None until 3 forecasts were checked."""
+        shorter span with 3 checks (noisier, so wider). None until 3 forecasts were checked. span: its
+        index (k+1 epochs); by default the default horizon's last."""
         k = len(self.spans) - 1 if span is None else span
         for j in range(k, -1, -1):
             errs = self._errors.get(j, [])
             if len(errs) >= 3:
                 return 2 * math.sqrt(sum(e * e for e in errs) / len(errs))
         return None
+
+    def forecast_error(self, span: int) -> float:
+        """The error a move's gain must clear over a span: the one measured on this run's forecasts of
+        staying, or the prior until three were checked."""
+        err = self.stated_error(span)
+        return self.goal.prior_error if err is None else err
+
+    def _error_source(self, span: int) -> str:
+        if self.stated_error(span) is None:
+            return "prior: fewer than 3 forecasts of staying checked yet (Goal.prior_error)"
+        return "2 x rms error of this run's checked forecasts of staying (measured)"
+
+    def _check_watch(self, engine, rec: StepRecord) -> list[dict]:
+        """The closed loop: each step of the last change against what its forecast's model said it costs;
+        a change measurably worse than staying is reverted, and remembered for these conditions."""
+        if self._watch is None or rec.kind == "tune":
+            return []
+        w, back, to = self._watch
+        cur = self.setting(engine)
+        if cur != to:
+            self._watch = None  # a person (or a refused build) moved the setting: nothing left to check
+            return []
+        if rec.kv_type != w.kv:
+            return []  # a step from before the switch took effect
+        w.add(rec)
+        if w.confirmed():
+            self._watch = None
+            return [{"phase": "confirmed", "to": cur.as_dict(), "q": _round(w.q),
+                     "why": f"tune check: {cur.label()} holds: {w.describe()}"}]
+        if not w.worse():
+            return []
+        # the outcome so far, over the spans that passed
+        out = [self._measured(engine)] if self._pending is not None and self._pending["to"] == cur else []
+        ctx = [a.context for a in engine.agents]
+        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        self._watch = None
+        try:
+            engine.request(batch_cap=back.batch_cap if back.batch_cap != cur.batch_cap else None,
+                           kv=back.kv if back.kv != cur.kv else None,
+                           residency=back.residency if back.residency != cur.residency else None)
+        except UserError as e:  # the swarm changed under it: nothing to go back to
+            return out + [{"phase": "revert_refused", "to": back.as_dict(), "why": f"tune check: {e}"}]
+        self._penalties[cur] = (mean_ctx, engine.s.kv_budget_bytes, w.q or 1.0)
+        self._last_change_s = engine.now_s()
+        self._left_at_context[cur] = mean_ctx
+        self._drop_moved_checks(engine)
+        return out + [{"phase": "reverted", "from": cur.as_dict(), "to": back.as_dict(), "q": _round(w.q),
+                       "q_stderr": _round(w.q_stderr), "decode_steps": w.decode_steps,
+                       "mean_context": round(mean_ctx, 1), "source": f"{engine.backend.source} steps against the "
+                                                                     "forecast's step-time model",
+                       "why": f"tune check: {cur.label()} is measurably worse than staying: {w.describe()}; "
+                              f"back to {back.label()}, not tried again until the contexts or the budget move"}]
+
+    def _penalised(self, engine, s: Setting, mean_ctx: float) -> bool:
+        """A setting reverted as worse, under conditions that have not moved since."""
+        p = self._penalties.get(s)
+        if p is None:
+            return False
+        ctx, budget, _ = p
+        moved = abs(mean_ctx - ctx) >= PENALTY_CONTEXT_CHANGE * max(ctx, REVISIT_MIN_CONTEXT)
+        return not moved and budget == engine.s.kv_budget_bytes
 
     @staticmethod
     def setting(engine) -> Setting:
@@ -426,6 +535,9 @@ class Tuner:
         out += [replace(cur, kv=k) for k in kvs]
         out += [replace(cur, residency=r) for r in RESIDENCY if r != cur.residency]
         out = [c for c in out if c.kv not in engine.refused_kv]
+        ctx = [a.context for a in engine.agents]
+        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        out = [c for c in out if not self._penalised(engine, c, mean_ctx)]
         if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
             out = [c for c in out if engine._budget_tokens(c.kv) >= min_context(engine.s)]
         return out
@@ -474,8 +586,9 @@ class Tuner:
             except UserError:  # the budget holds too little at that type
                 return None
         start = engine.now_s()
-        tally = SpanTally(start, self.spans)
-        end = start + self.goal.horizon_s
+        horizon = self.horizon_at(start)
+        tally = SpanTally(start, self.spans_for(horizon))
+        end = start + horizon
         steps = 0
         while shadow.now_s() < end and steps < 200_000:
             try:
@@ -499,6 +612,10 @@ class Tuner:
             young = kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES
             if p is not None and young and p.base_kv in own:
                 fits[kv] = p.scale(own[p.base_kv])
+        for s, (_, _, q) in self._penalties.items():
+            # a type whose steps measured q times its forecast's: its model is corrected by what it measured
+            if s.kv in fits and (s.kv not in own or own[s.kv].samples < MIN_OWN_FIT_SAMPLES):
+                fits[s.kv] = fits[s.kv].scaled(q)
         now_prefill = prefills.get(engine.s.kv) or next(iter(prefills.values()))
         swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
         f = engine.facts
@@ -539,8 +656,11 @@ class Tuner:
         per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n)) for h, b
                     in zip(forecasts[best], base, strict=True)]
         spread = _spread(per_seed)
-        # a gain inside the forecast's own spread is luck, not the setting
-        if gain is None or gain < self.goal.margin + (spread if spread is not None else math.inf):
+        # a gain inside the forecast's own spread is luck, not the setting; one inside the model's own error,
+        # measured on this run's forecasts of staying over the same span, is not a gain the model can see
+        horizon = self.horizon_at(engine.now_s())
+        error = self.forecast_error(len(self.spans_for(horizon)) - 1)
+        if gain is None or spread is None or gain < self.goal.margin + max(spread, error):
             return None
         # hysteresis: back to a setting it left only once the contexts have moved and for twice the margin
         if cur is not best and best in self._left_at_context and (
@@ -559,7 +679,7 @@ class Tuner:
             # as on the draws that chose it: a gain inside the draws' own spread is luck, not the setting
             fresh_spread = _spread([_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
                                     for h, b in zip(new_runs, stay_runs, strict=True)])
-            if gain is None or fresh_spread is None or gain < need + fresh_spread:
+            if gain is None or fresh_spread is None or gain < need + max(fresh_spread, error):
                 return None
         else:
             new_runs, stay_runs = forecasts[best], base
@@ -577,17 +697,21 @@ class Tuner:
         self._pending = {"from": cur, "to": best, "predicted_gain": gain, "spread": spread,
                          "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs),
                          "draws": self._draw_spreads(new_runs, stay_runs)}
-        self._pending_tally = SpanTally(now, self.spans)
+        self._pending_tally = SpanTally(now, self.spans_for(horizon))
+        sim = self._simulator(engine)
+        self._watch = (Watch(best.kv, gain, SimStepCost(sim)), cur, best) if sim is not None else None
         what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
                          if getattr(cur, k) != getattr(best, k))
         return {"phase": "decided", "from": cur.as_dict(), "to": best.as_dict(), "objective": self.goal.objective,
                 "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled",
                 "forecast_spread": None if spread is None else round(spread, 4),
-                "horizon_s": self.goal.horizon_s, "mean_context": round(mean_ctx, 1),
+                "horizon_s": round(horizon, 1), "mean_context": round(mean_ctx, 1),
+                "forecast_error": round(error, 4), "forecast_error_source": self._error_source(len(
+                    self.spans_for(horizon)) - 1),
                 **({"kv_step_time_source": self.step_time_source(engine, best.kv)}
                    if best.kv != cur.kv and engine.backend.source != "simulated" else {}),
                 "why": f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
-                       f"{self.goal.horizon_s:.0f} s (modeled)"}
+                       f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin"}
 
     def _may_return(self, s: Setting, mean_ctx: float) -> bool:
         """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
@@ -598,7 +722,7 @@ class Tuner:
                       stay_runs: list[list[Tally]]) -> list[tuple[float | None, int]]:
         """Per span: the standard deviation of the forecast gain across the forecast's draws, and how many."""
         out: list[tuple[float | None, int]] = []
-        for k in range(len(self.spans)):
+        for k in range(len(new_runs[0])):
             gains = [self._objective_gain(h[k].objective_value(self.goal), b[k].objective_value(self.goal))
                      for h, b in zip(new_runs, stay_runs, strict=True)]
             vals = [g for g in gains if g is not None]
@@ -627,7 +751,7 @@ class Tuner:
             self._pending, self._pending_tally = None, None
         assert p is not None
         k = len(came.closed) - 1 if came is not None else -1
-        span_s = self.spans[k] if k >= 0 else 0.0
+        span_s = came.spans[k] if came is not None and k >= 0 else 0.0
         measured_new = came.closed[k].objective_value(self.goal) if k >= 0 else None
         old = p["predicted_old"][k] if k >= 0 else None
         predicted = self._objective_gain(p["predicted_new"][k], old) if k >= 0 else None
@@ -640,13 +764,14 @@ class Tuner:
         if stated is not None and draw_sd is not None:
             # the gain's own luck: this future is one more draw from the forecast's spread of them
             stated = math.sqrt(stated ** 2 + (2 * draw_sd) ** 2 * (1 + 1 / n_draws))
-        agrees = None if gain is None or predicted is None or stated is None else abs(gain - predicted) <= stated
+        judged = verdict(gain, predicted, stated)
+        agrees = None if judged in (None, "inconclusive") else judged == "agrees"
         return {"phase": "measured", "from": p["from"].as_dict(), "to": p["to"].as_dict(),
                 "objective": self.goal.objective, "predicted_gain": round(p["predicted_gain"], 4),
                 "span_s": span_s, "predicted_gain_span": _round(predicted),
                 "forecast_spread": None if p["spread"] is None else round(p["spread"], 4),
                 "measured_gain": None if gain is None else round(gain, 4),
-                "stated_error": _round(stated), "agrees": agrees,
+                "stated_error": _round(stated), "agrees": agrees, "verdict": judged,
                 "measured_gain_source": f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
                 "stated_error_source": f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
                                        f"({engine.backend.source}), with 2 x the spread of this forecast's "
@@ -655,8 +780,11 @@ class Tuner:
                 "why": f"tune outcome: {p['to'].label()}: forecast "
                        + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
                        + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
-                       + ("" if stated is None else f" (stated error ±{stated:.0%}: "
-                          + ("agrees" if agrees else "does not agree") + ")")}
+                       + ("" if stated is None else f" (stated error ±{stated:.0%}: {_VERDICT_WORDS[judged]})")}
+
+
+_VERDICT_WORDS = {"agrees": "agrees", "disagrees": "disagrees",
+                  "inconclusive": "inconclusive, larger than the gain it judges", None: "n/a"}
 
 
 def _spread(gains: list[float | None]) -> float | None:
