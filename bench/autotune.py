@@ -1,7 +1,7 @@
-"""The tuner against every static setting, on one seeded workload with tool waits whose contexts grow past
-the KV budget: (a) the default static setting (every agent in the batch, f16, keep), (b) each static
-setting of a grid of batch cap x KV type x residency (the best of them, picked in hindsight, is the bar),
-(c) the tuner, started at the default and allowed the grid's KV types.
+"""The tuner against every static setting, under several conditions, on seeded workloads with tool waits
+whose contexts grow past the KV budget: (a) the default static setting (every agent in the batch, f16,
+keep), (b) each static setting of a grid of batch cap x KV type x residency (the best of them, picked in
+hindsight, is the bar), (c) the tuner, started at the default and allowed the grid's KV types.
 
 The objective is decode tokens per second of the engine's clock over the whole run (simulated seconds on
 the sim profile, wall seconds on the real model; rebuilds, prefill, swaps and idle waits all count).
@@ -9,19 +9,25 @@ The best static setting is picked on one run of each, so its figure is the lucki
 as the best (on this CPU one static setting gave 35.4 and 39.8 tok/s in two benches): it is run once
 more, right after the tuner, and its objective is the mean of its two runs. Both ratios are printed.
 
-Prints the three figures, and how many of the tuner's measured outcomes agree with their forecasts within
-the error it states (a decision the run ends before its horizon is measured over the spans that passed);
-last line `ratio: X` = tuner / best static (the mean of its two runs), the lower of the two workloads.
---figure writes the objective over time (the tuner's decisions marked) for the README.
+Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; the real
+model at 2 and 1 threads, two seeds and a second KV budget, and, with --avx2-python, the same in an
+environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh: no AVX-512, no AMX, where q8_0's
+attention weighs against f16 the other way). Each condition prints its ratios against the best static
+setting and against the starting one, and its outcomes counted agree / disagree / inconclusive; the last
+lines are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static).
+--figure writes the objective over time (the tuner's decisions marked) for the first conditions.
 
-    python bench/autotune.py                 # both workloads (~15 min on a 2-core box)
-    python bench/autotune.py --only sim      # the simulated card only (~3 min)
+    python bench/autotune.py                       # every condition here (~30 min on a 2-core box)
+    python bench/autotune.py --only sim            # the simulated conditions (~4 min)
+    python bench/autotune.py --avx2-python .venv-avx2/bin/python   # and the real ones on an AVX2-only build
 """
 
 import argparse
 import itertools
 import json
 import os
+import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,9 +40,13 @@ from swarmtune.engine.tuner import Goal, Tuner
 
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=600.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
            tool_tokens=1024, caps=(2, 4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap", "drop"))
-# the default model on this CPU: contexts reach the budget within the minute
-REAL = dict(seconds=80.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
-            kv_budget_mb=120.0, caps=(2, 4, 8), kvs=("f16", "q8_0"), residencies=("keep",))
+SIM_CONDITIONS = [dict(profile=p, seed=s) for p in ("rx9070xt-qwen3.5-9b", "rtx4090-qwen3.5-9b") for s in (1, 2)]
+# the default model on this CPU: contexts reach the budget within the minute; the grid thinned (not the
+# conditions) so that every condition fits: caps 4 and 8 (cap 2 was never the best here)
+REAL = dict(seconds=60.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
+            kv_budget_mb=120.0, caps=(4, 8), kvs=("f16", "q8_0"), residencies=("keep",))
+REAL_CONDITIONS = [dict(threads=2, seed=1, kv_budget_mb=120.0), dict(threads=1, seed=1, kv_budget_mb=120.0),
+                   dict(threads=2, seed=2, kv_budget_mb=120.0), dict(threads=2, seed=1, kv_budget_mb=60.0)]
 
 
 def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, seed: int) -> dict:
@@ -48,7 +58,8 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
                        ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
                        kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
                        tool_latency_s=w["tool_latency_s"], check=False)
-    tuner = Tuner(Goal(allowed_kv=w["kvs"], horizon_s=w.get("horizon_s", Goal.horizon_s))) if tuned else None
+    # the run's length is known here: the tuner plans for what is left of it
+    tuner = Tuner(Goal(allowed_kv=w["kvs"], run_s=w["seconds"])) if tuned else None
     e = Engine(backend, s, tuner=tuner, autotune=tuned)
     e.start()
     tokens, series, decisions = 0, [], []
@@ -93,10 +104,13 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
           f"{again['tokens_per_s']:.2f} tok/s; mean of its two runs {best_mean:.2f}", flush=True)
     for d in tuned["decisions"]:
         print(f"[{name}]   {d['t']:7.1f} s  {d['why']}", flush=True)
-    checked = [d for d in tuned["decisions"] if d["phase"] == "measured" and d["agrees"] is not None]
-    print(f"[{name}] outcomes that agree with their forecast within the stated error: "
-          f"{sum(d['agrees'] for d in checked)} of {len(checked)}", flush=True)
+    verdicts = [d.get("verdict") for d in tuned["decisions"] if d["phase"] == "measured"]
+    counts = {v: verdicts.count(v) for v in ("agrees", "disagrees", "inconclusive")}
+    reverted = sum(d["phase"] == "reverted" for d in tuned["decisions"])
+    print(f"[{name}] outcomes: {counts['agrees']} agree, {counts['disagrees']} disagree, {counts['inconclusive']} "
+          f"inconclusive; {reverted} change(s) reverted by the closed loop", flush=True)
     ratio = tuned["tokens_per_s"] / best_mean
+    vs_start = tuned["tokens_per_s"] / default["tokens_per_s"]
     print(f"[{name}] default {default['tokens_per_s']:.2f}, best static (cap {best['cap']}, {best['kv']}, "
           f"{best['residency']}) {best_mean:.2f} (runs {best['tokens_per_s']:.2f}, {again['tokens_per_s']:.2f}), "
           f"tuner {tuned['tokens_per_s']:.2f} tok/s ({source}); tuner / best static {ratio:.3f} "
@@ -104,8 +118,8 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
           f"tuner / default {tuned['tokens_per_s'] / default['tokens_per_s']:.2f}x; "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "best_again": again,
-            "best_mean": best_mean, "tuned": tuned, "ratio": ratio,
-            "agree": [sum(d["agrees"] for d in checked), len(checked)]}
+            "best_mean": best_mean, "tuned": tuned, "ratio": ratio, "vs_start": vs_start, "verdicts": counts,
+            "reverted": reverted}
 
 
 def figure(results: list[dict], path: Path) -> None:
@@ -138,35 +152,84 @@ def figure(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def real_condition(c: dict, build: str) -> dict:
+    from swarmtune.engine.default_model import default_model_path
+    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.model_facts import read_model_facts
+
+    backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=c["threads"])
+    w = dict(REAL, kv_budget_mb=c["kv_budget_mb"])
+    name = f"default model, {build}, {c['threads']} threads, seed {c['seed']}, budget {c['kv_budget_mb']:.0f} MB"
+    try:
+        return workload(name, lambda: backend, w, c["seed"], "measured")
+    finally:
+        backend.close()
+
+
+def summary(r: dict) -> dict:
+    return {k: r[k] for k in ("name", "source", "ratio", "vs_start", "verdicts", "reverted", "best_mean")} | {
+        "best": {k: r["best"][k] for k in ("cap", "kv", "residency")}, "tuned_tokens_per_s": r["tuned"]["tokens_per_s"],
+        "default_tokens_per_s": r["default"]["tokens_per_s"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("sim", "real"), default=None)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--figure", type=Path, default=None, help="write the objective over time as a PNG")
-    ap.add_argument("--json", type=Path, default=None, help="write every run's figures as JSON")
+    ap.add_argument("--json", type=Path, default=None, help="write every condition's figures as JSON")
+    ap.add_argument("--avx2-python", default=None,
+                    help="an environment built by bench/avx2_env.sh: its real-model conditions run there too")
+    ap.add_argument("--real", type=int, default=len(REAL_CONDITIONS),
+                    help="how many of the real-model conditions to run (all by default)")
+    ap.add_argument("--conditions", default=None, help=argparse.SUPPRESS)  # a child run: JSON list of conditions
+    ap.add_argument("--build", default="native build", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.conditions is not None:  # the child of --avx2-python: its results as one JSON line on stdout
+        out = [summary(real_condition(c, a.build)) for c in json.loads(a.conditions)]
+        print("RESULTS " + json.dumps(out), flush=True)
+        return
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
     results = []
     if a.only in (None, "sim"):
-        p = profile(SIM["profile"])
-        results.append(workload(f"sim {SIM['profile']}", lambda: SimBackend(p), SIM, a.seed, "simulated"))
+        for c in SIM_CONDITIONS:
+            p = profile(c["profile"])
+            w = dict(SIM, profile=c["profile"])
+            results.append(workload(f"sim {c['profile']}, seed {c['seed']}", lambda p=p: SimBackend(p), w, c["seed"],
+                                    "simulated"))
     if a.only in (None, "real"):
-        from swarmtune.engine.default_model import default_model_path
-        from swarmtune.engine.llama_backend import LlamaBackend
-        from swarmtune.engine.model_facts import read_model_facts
-
-        backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=a.threads)
-        try:
-            results.append(workload("default model, this CPU", lambda: backend, REAL, a.seed, "measured"))
-        finally:
-            backend.close()
+        results += [real_condition(c, "native build") for c in REAL_CONDITIONS[:a.real]]
+        if a.avx2_python:
+            child = subprocess.run([a.avx2_python, __file__, "--conditions", json.dumps(REAL_CONDITIONS[:max(1, min(a.real, 2))]),
+                                    "--build", "AVX2-only build"], stdout=subprocess.PIPE, text=True, check=False)
+            for line in child.stdout.splitlines():
+                if line.startswith("RESULTS "):
+                    results += json.loads(line[len("RESULTS "):])
+                elif line.strip():
+                    print(line, flush=True)
     if a.figure:
-        figure(results, a.figure)
+        figure([r for r in results if "tuned" in r][:2], a.figure)
+    flat = [summary(r) if "tuned" in r else r for r in results]
     if a.json:
-        a.json.write_text(json.dumps(results), encoding="utf-8")
-    agree = [sum(r["agree"][i] for r in results) for i in (0, 1)]
-    print(f"outcomes agreeing within the stated error: {agree[0]} of {agree[1]}")
-    print(f"ratio: {min(r['ratio'] for r in results):.3f}")
+        a.json.write_text(json.dumps(flat, indent=1), encoding="utf-8")
+    print("\ncondition | tuner / best static | tuner / start | agree / disagree / inconclusive | reverted")
+    for r in flat:
+        v = r["verdicts"]
+        print(f"{r['name']} ({r['source']}) | {r['ratio']:.3f} | {r['vs_start']:.3f} | {v['agrees']} / "
+              f"{v['disagrees']} / {v['inconclusive']} | {r['reverted']}")
+    totals = {k: sum(r["verdicts"][k] for r in flat) for k in ("agrees", "disagrees", "inconclusive")}
+    print(f"outcomes: {totals['agrees']} agree, {totals['disagrees']} disagree, {totals['inconclusive']} inconclusive")
+    print(f"worst vs start: {min(r['vs_start'] for r in flat):.3f}")
+    print(f"ratio: {min(r['ratio'] for r in flat):.3f}")
 
 
 if __name__ == "__main__":
