@@ -205,7 +205,9 @@ def test_sim_kv_switch_keeps_every_cache():
     e.request(kv="q8_0")
     r = e.step()
     # every history comes back (with the token each had sampled, and any tool result still pending)
-    assert r.kind == "rebuild" and r.tokens == sum(a.context for a in e.agents)
+    # (converted in place: engine/kv_convert.py; none prefilled again)
+    assert r.kind == "rebuild" and r.tokens + r.converted_tokens == sum(a.context for a in e.agents)
+    assert r.converted_tokens > 0
     assert all(a.context >= held[a.id] for a in e.agents)
     assert all(e.backend.cells(a.seq) == (0, a.context - 1) for a in e.agents)
     for _ in range(200):  # every step's check passes: decode positions follow each history
