@@ -24,6 +24,10 @@ class PrefillFit:
     def seconds(self, tokens: int, pos0: int) -> float:
         return tokens * (self.per_token_seconds + self.per_token_position_seconds * (pos0 + tokens / 2))
 
+    def scaled(self, factor: float) -> "PrefillFit":
+        """Every chunk's time times factor: a model corrected by what its chunks measured against it."""
+        return PrefillFit(self.per_token_seconds * factor, self.per_token_position_seconds * factor, self.samples)
+
     def record(self) -> dict:
         return {"per_token_seconds": self.per_token_seconds,
                 "per_token_position_seconds": self.per_token_position_seconds, "samples": self.samples}

@@ -10,6 +10,10 @@ normalised for its contexts. If every step takes q times what was forecast, the 
 (1 + gain) / q of staying's objective instead of 1 + gain. Once that is below staying by more than the
 noise of q (its standard error over the steps seen), the change is measurably worse and is reverted.
 The verdict comes as soon as it is significant, not at a fixed horizon.
+
+A KV switch is judged more closely (engine/tuner.py): decode and prefill steps keep a q each (a cache type
+can be faster in one and slower in the other), the type's model is scaled by them, and the rest of the
+run is forecast again both ways, so that what a type does to the budget is counted too.
 """
 
 import math
@@ -20,10 +24,12 @@ from typing import Protocol
 from swarmtune.engine.records import StepRecord
 
 Z = 2.0  # about 95% one-sided: a setting is judged worse only past twice the standard error of its q
-MIN_STEPS = 12  # decode steps before any verdict: fewer are the noise of a few steps
+MIN_STEPS = 8  # decode steps before any verdict (the first after a switch aside)
 TOLERANCE = 0.01  # a loss this small is within what a setting costs to change back
 # consecutive steps share the machine's state (clocks, caches, a neighbour's load): count them as half
 AUTOCORRELATION = 2.0
+# a new context's first step of each kind also builds that graph shape: not what the setting costs
+WARMUP_STEPS = 1
 VERDICTS = ("agrees", "disagrees", "inconclusive")
 
 
@@ -49,34 +55,14 @@ class StepCost(Protocol):
 
 
 @dataclass
-class Watch:
-    """One change being checked, step by step, against the model its forecast ran on."""
+class Ratio:
+    """Measured over modeled seconds of one kind of step, time-weighted, with its noise."""
 
-    kv: str  # the setting's KV type: steps at another type are from before the switch
-    predicted_gain: float  # the forecast gain the change was made on
-    model: StepCost
     measured_s: float = 0.0
     modeled_s: float = 0.0
-    decode_steps: int = 0
     log_ratios: list[float] = field(default_factory=list)
 
-    def add(self, r: StepRecord) -> None:
-        """A step of the new setting: its measured seconds and what the forecast's model says it costs."""
-        if r.kind == "decode" and r.batch and r.seconds > 0:
-            ctx = {a.id: a.context for a in r.agents}
-            contexts = [float(ctx.get(i, r.mean_context)) for i in r.batch_ids]
-            modeled = self.model.decode_seconds(r.batch, contexts, r.kv_type)
-            self.decode_steps += 1
-        elif r.kind == "prefill" and r.tokens and r.batch_ids and r.seconds > 0:
-            after = next((a.context for a in r.agents if a.id == r.batch_ids[0]), r.tokens)
-            modeled = self.model.prefill_seconds(r.tokens, max(after - r.tokens, 0), r.kv_type)
-        else:
-            modeled = 0.0
-        moved = [m for m in r.moved if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0]
-        measured = r.seconds if modeled > 0 else 0.0
-        for m in moved:
-            measured += m["seconds"]
-            modeled += self.model.move_seconds(m["bytes"])
+    def add(self, measured: float, modeled: float) -> None:
         if modeled <= 0 or measured <= 0:
             return
         self.measured_s += measured
@@ -85,43 +71,102 @@ class Watch:
 
     @property
     def q(self) -> float | None:
-        """Measured over modeled seconds, over the steps seen (time-weighted)."""
         return self.measured_s / self.modeled_s if self.modeled_s > 0 else None
 
     @property
-    def q_stderr(self) -> float | None:
+    def stderr(self) -> float | None:
         """The standard error of log q: the steps' own spread over the steps seen."""
         n = len(self.log_ratios)
         if n < 3:
             return None
         return statistics.stdev(self.log_ratios) / math.sqrt(n / AUTOCORRELATION)
 
-    def realised_gain(self) -> tuple[float, float] | None:
-        """(gain, its upper bound): the forecast gain redone with the step times this setting measured."""
+    def bounds(self) -> tuple[float, float, float]:
+        """(q, its favourable end, its unfavourable end): 1 for each where nothing was measured, so an
+        unmeasured kind keeps its model."""
+        q, se = self.q, self.stderr
+        if q is None:
+            return 1.0, 1.0, 1.0
+        se = se if se is not None else 0.0
+        return q, q * math.exp(-Z * se), q * math.exp(Z * se)
+
+
+@dataclass
+class Watch:
+    """One change being checked, step by step, against the model its forecast ran on."""
+
+    kv: str  # the setting's KV type: steps at another type are from before the switch
+    predicted_gain: float  # the forecast gain the change was made on
+    model: StepCost
+    trial: bool = False  # made to measure a type its model could not judge: kept only past the margin
+    total: Ratio = field(default_factory=Ratio)  # every step and move
+    decode: Ratio = field(default_factory=Ratio)
+    prefill: Ratio = field(default_factory=Ratio)
+    decode_steps: int = 0
+    checks: int = 0  # re-forecasts made with the measured ratios
+    seen: dict[str, int] = field(default_factory=dict)  # steps of each kind, warm-up included
+
+    def add(self, r: StepRecord) -> None:
+        """A step of the new setting: its measured seconds and what the forecast's model says it costs."""
+        self.seen[r.kind] = self.seen.get(r.kind, 0) + 1
+        if r.kind in ("decode", "prefill") and self.seen[r.kind] <= WARMUP_STEPS:
+            return
+        modeled = 0.0
+        if r.kind == "decode" and r.batch and r.seconds > 0:
+            ctx = {a.id: a.context for a in r.agents}
+            contexts = [float(ctx.get(i, r.mean_context)) for i in r.batch_ids]
+            modeled = self.model.decode_seconds(r.batch, contexts, r.kv_type)
+            self.decode.add(r.seconds, modeled)
+            self.decode_steps += 1
+        elif r.kind == "prefill" and r.tokens and r.batch_ids and r.seconds > 0:
+            after = next((a.context for a in r.agents if a.id == r.batch_ids[0]), r.tokens)
+            modeled = self.model.prefill_seconds(r.tokens, max(after - r.tokens, 0), r.kv_type)
+            self.prefill.add(r.seconds, modeled)
+        measured = r.seconds if modeled > 0 else 0.0
+        for m in r.moved:
+            if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0:
+                measured += m["seconds"]
+                modeled += self.model.move_seconds(m["bytes"])
+        self.total.add(measured, modeled)
+
+    @property
+    def q(self) -> float | None:
+        """Measured over modeled seconds, over every step seen (time-weighted)."""
+        return self.total.q
+
+    @property
+    def q_stderr(self) -> float | None:
+        return self.total.stderr
+
+    @property
+    def ready(self) -> bool:
+        return self.decode_steps >= MIN_STEPS and self.q_stderr is not None
+
+    def realised_gain(self) -> tuple[float, float, float] | None:
+        """(gain, its upper bound, its lower bound): the forecast gain redone as if every step took q times
+        what was forecast (a change of cap or residency; a KV change is re-forecast, engine/tuner.py)."""
         q, se = self.q, self.q_stderr
         if q is None or se is None:
             return None
-        gain = (1 + self.predicted_gain) / q - 1
-        best = (1 + self.predicted_gain) / (q * math.exp(-Z * se)) - 1
-        return gain, best
+        g = 1 + self.predicted_gain
+        return g / q - 1, g / (q * math.exp(-Z * se)) - 1, g / (q * math.exp(Z * se)) - 1
 
     def worse(self) -> bool:
         """Measurably worse than staying: even at the favourable end of q's noise it loses."""
-        if self.decode_steps < MIN_STEPS:
-            return False
-        g = self.realised_gain()
+        g = self.realised_gain() if self.ready else None
         return g is not None and g[1] < -TOLERANCE
 
     def confirmed(self) -> bool:
         """Measurably no worse than staying: at the unfavourable end of q's noise it still gains."""
-        q, se = self.q, self.q_stderr
-        if self.decode_steps < MIN_STEPS or q is None or se is None:
-            return False
-        return (1 + self.predicted_gain) / (q * math.exp(Z * se)) - 1 >= 0
+        g = self.realised_gain() if self.ready else None
+        return g is not None and g[2] >= 0
 
-    def describe(self) -> str:
-        q, se, g = self.q, self.q_stderr, self.realised_gain()
-        if q is None or g is None or se is None:
+    def describe(self, gain: tuple[float, float, float] | None = None) -> str:
+        g = gain or self.realised_gain()
+        if g is None:
             return "not enough steps yet"
-        return (f"its steps took {q:.2f}x the forecast's step times (±{Z * se:.0%}, {self.decode_steps} decode "
-                f"steps): {g[0]:+.1%} against staying, at best {g[1]:+.1%} (measured)")
+        parts = [f"{name} {r.q:.2f}x (±{Z * r.stderr:.0%})" for name, r in (("decode", self.decode),
+                 ("prefill", self.prefill)) if r.q is not None and r.stderr is not None]
+        took = ", ".join(parts) or f"{self.q:.2f}x"
+        return (f"its steps took {took} the forecast's step times over {self.decode_steps} decode steps: "
+                f"{g[0]:+.1%} against staying, between {g[2]:+.1%} and {g[1]:+.1%} (measured)")

@@ -37,7 +37,7 @@ from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.step_model import Fit
-from swarmtune.engine.tune_watch import Watch, verdict
+from swarmtune.engine.tune_watch import MIN_STEPS, TOLERANCE, Watch, verdict
 from swarmtune.engine.workload import AgentState, Residency
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
@@ -49,6 +49,16 @@ MIN_OWN_FIT_SAMPLES = 32
 REVISIT_MIN_CONTEXT = 256.0
 # a setting reverted as measurably worse is tried again only once the contexts moved this much (or the budget)
 PENALTY_CONTEXT_CHANGE = 0.5
+# a trial (a KV type tried on the swarm because its model could not judge it) is re-forecast this many times,
+# MIN_STEPS decode steps apart, before it is reverted for not clearing the margin
+TRIAL_CHECKS = 2
+MAX_CHECKS = 3  # a change neither measurably better nor worse after this many is left to the forecasts
+PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
+OUTCOME_MIN_SPANS = 2  # the objective is compared with the forecast of staying from this many epochs on
+# a trial is made only where what it may cost (two conversions and its steps at half speed) is at most this
+# share of what is left of the horizon
+TRIAL_SHARE = 0.02
+TRIAL_LOSS = 0.5
 
 
 @dataclass(frozen=True)
@@ -87,9 +97,10 @@ class Goal:
     # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock (the
     # first look, planned with the probe before the swarm's first step, aside)
     think_share: float = 0.03
-    # the forecast error assumed before three forecasts of staying were checked on this run: a move needs
-    # its gain past the margin plus this (or the measured error, once there is one)
-    prior_error: float = 0.10
+    # the rms forecast error assumed before three forecasts of staying were checked on this run: a move needs
+    # its gain past the margin plus this (or the measured one, once there is one); a wrong move is then
+    # caught by the closed loop within a few dozen steps (engine/tune_watch.py)
+    prior_error: float = 0.05
 
 
 def parse_objective(text: str) -> tuple[str, float]:
@@ -237,6 +248,15 @@ class SimStepCost:
     def __init__(self, sim: SimBackend) -> None:
         self.sim = sim
 
+    def corrected(self, kv: str, decode: float, prefill: float) -> tuple[Fit, PrefillFit | None]:
+        """This model's fits for kv, every step time times `decode` and every prefill chunk's times `prefill`
+        (a calibrated simulator's; the sim profile's own roofline has none to correct)."""
+        if not isinstance(self.sim, CalibratedSim):
+            raise ValueError("only a calibrated simulator's model is corrected")
+        fit = self.sim.fits.get(kv) or self.sim.fits.get(self.sim.base_kv) or next(iter(self.sim.fits.values()))
+        pre = self.sim.prefills.get(kv) or self.sim.prefills.get(self.sim.base_kv)
+        return fit.scaled(decode), None if pre is None else pre.scaled(prefill)
+
     def decode_seconds(self, batch: int, contexts: list[float], kv: str) -> float:
         return self.sim.step_seconds(batch, sum(contexts), kv=kv, contexts=contexts)
 
@@ -259,6 +279,10 @@ class Tuner:
         # settings reverted as measurably worse: the mean context and KV budget then, and their q (measured
         # over forecast step times); not tried again until those conditions move
         self._penalties: dict[Setting, tuple[float, float | None, float]] = {}
+        # KV types tried on the swarm: their step-time and prefill models as corrected by what they measured
+        self._kv_correction: dict[str, tuple[Fit, PrefillFit | None]] = {}
+        self._tried: dict[str, float] = {}  # KV type -> the mean context its last trial began at
+        self._convert: list[tuple[int, float]] = []  # (bytes, seconds) of measured KV conversions
         self.restart()
 
     def restart(self) -> None:
@@ -281,7 +305,7 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self._learn(rec)
-        if not self._looked and engine.backend.source != "simulated":
+        if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
             # before the first look, whose forecasts need every allowed type's step time; measuring, not
             # forecasting, so outside the thinking budget, and once per type and run
             out += self._probe_missing(engine, self.setting(engine))
@@ -290,9 +314,12 @@ class Tuner:
             came.add(rec)
         self._close_checks()
         if self._pending is not None and self._pending_tally is not None:
+            before = len(self._pending_tally.closed)
             self._pending_tally.add(rec)
             if len(self._pending_tally.closed) == len(self._pending_tally.spans):
                 out.append(self._measured(engine))
+            elif len(self._pending_tally.closed) > before >= OUTCOME_MIN_SPANS - 1:
+                out += self._check_outcome(engine)
         out += self._check_watch(engine, rec)
         # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
         # while the caches it re-prefills are short
@@ -301,6 +328,12 @@ class Tuner:
             return out
         return out + self._look(engine, now)
 
+    def probes_pay(self) -> bool:
+        """A side-cache probe costs 3-8 s of the swarm's time on these 2-core CPUs (two prefilled histories
+        per type): worth it in a run of unknown length (the dashboard, serve) or a long one, not in a short
+        one, where a trial on the swarm itself (two conversions of well under a second) costs less."""
+        return self.goal.run_s is None or self.goal.run_s >= PROBE_MIN_RUN_S
+
     def prepare(self, engine) -> list[dict]:
         """At the run's start, before its first step (a real backend): time the allowed KV types in a side
         cache, then take the first look at once: a KV switch costs nothing while the caches are empty."""
@@ -308,6 +341,8 @@ class Tuner:
             return []
         if self._epoch_start_s is None:
             self._epoch_start_s = engine.now_s()
+        if not self.probes_pay():
+            return []  # a short run: the other KV types are tried on the swarm instead (a trial, converted)
         out = self._probe_missing(engine, self.setting(engine))
         if self._simulator(engine) is not None:
             # planning before the swarm starts, as the probe is: on the run's clock, but not counted against
@@ -397,15 +432,16 @@ class Tuner:
         return None
 
     def forecast_error(self, span: int) -> float:
-        """The error a move's gain must clear over a span: the one measured on this run's forecasts of
-        staying, or the prior until three were checked."""
+        """The error a move's gain must clear over a span: the rms error measured on this run's forecasts of
+        staying (half the stated error an outcome is judged against, which is a 95% band), or the prior
+        until three were checked."""
         err = self.stated_error(span)
-        return self.goal.prior_error if err is None else err
+        return self.goal.prior_error if err is None else err / 2
 
     def _error_source(self, span: int) -> str:
         if self.stated_error(span) is None:
             return "prior: fewer than 3 forecasts of staying checked yet (Goal.prior_error)"
-        return "2 x rms error of this run's checked forecasts of staying (measured)"
+        return "rms error of this run's checked forecasts of staying (measured)"
 
     def _check_watch(self, engine, rec: StepRecord) -> list[dict]:
         """The closed loop: each step of the last change against what its forecast's model said it costs;
@@ -420,14 +456,92 @@ class Tuner:
         if rec.kv_type != w.kv:
             return []  # a step from before the switch took effect
         w.add(rec)
-        if w.confirmed():
-            self._watch = None
-            return [{"phase": "confirmed", "to": cur.as_dict(), "q": _round(w.q),
-                     "why": f"tune check: {cur.label()} holds: {w.describe()}"}]
-        if not w.worse():
+        if not w.ready:
             return []
-        # the outcome so far, over the spans that passed
-        out = [self._measured(engine)] if self._pending is not None and self._pending["to"] == cur else []
+        if to.kv != back.kv and isinstance(w.model.sim, CalibratedSim):
+            # a KV type's model is corrected by what its decode and prefill steps measured, and the rest of
+            # the run forecast again both ways: its budget and preemptions are the forecast's to count
+            if w.decode_steps < MIN_STEPS * 2 ** w.checks:  # each re-forecast on twice the steps of the last
+                return []
+            gain = self._corrected_gain(engine, w, to, back)
+            w.checks += 1
+            if gain is None:
+                return []
+            need = self.goal.margin if w.trial else 0.0
+            if gain[2] >= need:
+                return self._confirm(engine, w, back, to, gain)
+            if gain[1] < -TOLERANCE or (w.trial and (gain[0] < need or w.checks >= TRIAL_CHECKS)):
+                return self._revert(engine, w, back, to, gain)
+            if w.checks >= MAX_CHECKS:  # neither way past its noise: it holds, and the forecasts take it from here
+                self._watch = None
+                return [{"phase": "held", "to": to.as_dict(), "q": _round(w.q),
+                         "measured_gain": round(gain[0], 4),
+                         "why": f"tune check: {to.label()} holds, neither measurably better nor worse: "
+                                f"{w.describe(gain)}"}]
+            return []
+        if w.confirmed():
+            return self._confirm(engine, w, back, to, w.realised_gain())
+        if w.worse():
+            return self._revert(engine, w, back, to, w.realised_gain())
+        return []
+
+    def _corrected_gain(self, engine, w: Watch, to: Setting, back: Setting) -> tuple[float, float, float] | None:
+        """(gain, favourable end, unfavourable end) of staying at `to` over going back, forecast over what is
+        left of the horizon with `to`'s KV model scaled by what its steps measured."""
+        t0 = time.perf_counter()
+        (qd, qd_fav, qd_unf), (qp, qp_fav, qp_unf) = w.decode.bounds(), w.prefill.bounds()
+        seeds = range(self.goal.forecast_seeds)
+        n = len(engine.agents)
+        stay = self.forecast(engine, back, seeds)
+        out = []
+        for dec, pre in ((qd, qp), (qd_fav, qp_fav), (qd_unf, qp_unf)):
+            runs = self.forecast(engine, to, seeds, correct={to.kv: w.model.corrected(to.kv, dec, pre)})
+            if runs is None or stay is None:
+                return None
+            score_new = sum(r[-1].score(self.goal, n) for r in runs) / len(runs)
+            score_old = sum(r[-1].score(self.goal, n) for r in stay) / len(stay)
+            g = _gain(score_new, score_old)
+            if g is None:
+                return None
+            out.append(g)
+        self._thought_s += time.perf_counter() - t0
+        return out[0], out[1], out[2]
+
+    def _confirm(self, engine, w: Watch, back: Setting, to: Setting, gain) -> list[dict]:
+        self._watch = None
+        if to.kv != back.kv and isinstance(w.model.sim, CalibratedSim):
+            # its model, corrected by what it measured, stands until its own fit does
+            self._kv_correction[to.kv] = w.model.corrected(to.kv, w.decode.bounds()[0], w.prefill.bounds()[0])
+        return [{"phase": "confirmed", "to": to.as_dict(), "q": _round(w.q), "trial": w.trial,
+                 "measured_gain": None if gain is None else round(gain[0], 4),
+                 "why": f"tune check: {to.label()} holds: {w.describe(gain)}"}]
+
+    def _check_outcome(self, engine) -> list[dict]:
+        """The closed loop on the objective itself: what the change measured so far (past OUTCOME_MIN_SPANS
+        epochs) against the forecast of staying over the same span. Measurably below it, past the error
+        stated for that span, it goes back: a forecast can be wrong in more than its step times (how the
+        budget fills, what a preemption costs)."""
+        p, came = self._pending, self._pending_tally
+        if p is None or came is None or self.setting(engine) != p["to"]:
+            return []
+        o = self._measured(engine, p, came)
+        gain, stated = o["measured_gain"], o["stated_error"]
+        if gain is None or stated is None or gain + stated >= -TOLERANCE:
+            return []
+        self._pending, self._pending_tally = None, None
+        back, cur = p["from"], p["to"]
+        out = [o] + self._go_back(engine, back, cur)
+        if out[-1]["phase"] == "revert_refused":
+            return out
+        out[-1] |= {"from": cur.as_dict(), "to": back.as_dict(), "measured_gain": gain, "stated_error": stated,
+                    "source": f"{engine.backend.source} objective against the forecast of staying",
+                    "why": f"tune check: {cur.label()} is measurably worse than staying: {gain:+.1%} over "
+                           f"{o['span_s']:.0f} s against the forecast of staying (error ±{stated:.0%}, measured); "
+                           f"back to {back.label()}, not tried again until the contexts or the budget move"}
+        return out
+
+    def _go_back(self, engine, back: Setting, cur: Setting, q: float = 1.0) -> list[dict]:
+        """Back to the setting a change left, remembered as worse under these conditions."""
         ctx = [a.context for a in engine.agents]
         mean_ctx = sum(ctx) / max(len(ctx), 1)
         self._watch = None
@@ -436,17 +550,31 @@ class Tuner:
                            kv=back.kv if back.kv != cur.kv else None,
                            residency=back.residency if back.residency != cur.residency else None)
         except UserError as e:  # the swarm changed under it: nothing to go back to
-            return out + [{"phase": "revert_refused", "to": back.as_dict(), "why": f"tune check: {e}"}]
-        self._penalties[cur] = (mean_ctx, engine.s.kv_budget_bytes, w.q or 1.0)
+            return [{"phase": "revert_refused", "to": back.as_dict(), "why": f"tune check: {e}"}]
+        self._penalties[cur] = (mean_ctx, engine.s.kv_budget_bytes, q)
         self._last_change_s = engine.now_s()
         self._left_at_context[cur] = mean_ctx
         self._drop_moved_checks(engine)
+        return [{"phase": "reverted", "mean_context": round(mean_ctx, 1)}]
+
+    def _revert(self, engine, w: Watch, back: Setting, cur: Setting, gain) -> list[dict]:
+        # the outcome so far, over the spans that passed
+        out = [self._measured(engine)] if self._pending is not None and self._pending["to"] == cur else []
+        back_rec = self._go_back(engine, back, cur, w.q or 1.0)
+        if back_rec[0]["phase"] == "revert_refused":
+            return out + back_rec
+        mean_ctx = back_rec[0]["mean_context"]
+        if cur.kv != back.kv and isinstance(w.model.sim, CalibratedSim):
+            self._kv_correction[cur.kv] = w.model.corrected(cur.kv, w.decode.bounds()[0], w.prefill.bounds()[0])
+        worse = gain is None or gain[1] < -TOLERANCE
+        what = "measurably worse than staying" if worse else "a trial that did not clear the margin"
         return out + [{"phase": "reverted", "from": cur.as_dict(), "to": back.as_dict(), "q": _round(w.q),
-                       "q_stderr": _round(w.q_stderr), "decode_steps": w.decode_steps,
+                       "q_stderr": _round(w.q_stderr), "decode_steps": w.decode_steps, "trial": w.trial,
+                       "measured_gain": None if gain is None else round(gain[0], 4),
                        "mean_context": round(mean_ctx, 1), "source": f"{engine.backend.source} steps against the "
                                                                      "forecast's step-time model",
-                       "why": f"tune check: {cur.label()} is measurably worse than staying: {w.describe()}; "
-                              f"back to {back.label()}, not tried again until the contexts or the budget move"}]
+                       "why": f"tune check: {cur.label()} is {what}: {w.describe(gain)}; back to {back.label()}, "
+                              "not tried again until the contexts or the budget move"}]
 
     def _penalised(self, engine, s: Setting, mean_ctx: float) -> bool:
         """A setting reverted as worse, under conditions that have not moved since."""
@@ -473,6 +601,8 @@ class Tuner:
         for m in rec.moved:
             if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0:
                 self._swap = (self._swap + [(m["bytes"], m["seconds"])])[-64:]
+            if m["op"] == "convert" and m["seconds"] > 0:
+                self._convert = (self._convert + [(m["bytes"], m["seconds"])])[-64:]
 
     def _probe_missing(self, engine, cur: Setting) -> list[dict]:
         """Times each allowed KV type that has not run against the run's own, once per run, at the widest
@@ -542,16 +672,18 @@ class Tuner:
             out = [c for c in out if engine._budget_tokens(c.kv) >= min_context(engine.s)]
         return out
 
-    def forecast(self, engine, setting: Setting, seeds: range | None = None) -> list[list[Tally]] | None:
+    def forecast(self, engine, setting: Setting, seeds: range | None = None,
+                 correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None) -> list[list[Tally]] | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
-        runs = [self._forecast_once(engine, setting, k) for k in (seeds or range(self.goal.forecast_seeds))]
+        runs = [self._forecast_once(engine, setting, k, correct) for k in (seeds or range(self.goal.forecast_seeds))]
         return None if any(r is None for r in runs) else runs
 
-    def _forecast_once(self, engine, setting: Setting, k: int) -> list[Tally] | None:
+    def _forecast_once(self, engine, setting: Setting, k: int,
+                       correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None) -> list[Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
         would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
-        sim = self._simulator(engine)
+        sim = self._simulator(engine, correct)
         if sim is None:
             return None
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
@@ -599,7 +731,9 @@ class Tuner:
             steps += 1
         return tally.finish()
 
-    def _simulator(self, engine) -> SimBackend | None:
+    def _simulator(self, engine, correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None
+                   ) -> SimBackend | None:
+        """correct: per KV type, the step-time and prefill models to forecast it with instead."""
         b = engine.backend
         if b.source == "simulated":
             return SimBackend(b.profile)
@@ -612,10 +746,12 @@ class Tuner:
             young = kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES
             if p is not None and young and p.base_kv in own:
                 fits[kv] = p.scale(own[p.base_kv])
-        for s, (_, _, q) in self._penalties.items():
-            # a type whose steps measured q times its forecast's: its model is corrected by what it measured
-            if s.kv in fits and (s.kv not in own or own[s.kv].samples < MIN_OWN_FIT_SAMPLES):
-                fits[s.kv] = fits[s.kv].scaled(q)
+        # a type tried on the swarm: its model corrected by what its steps measured, until its own fit stands
+        for kv, (fit, pre) in {**self._kv_correction, **(correct or {})}.items():
+            if kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES or kv in (correct or {}):
+                fits[kv] = fit
+                if pre is not None:
+                    prefills[kv] = pre
         now_prefill = prefills.get(engine.s.kv) or next(iter(prefills.values()))
         swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
         f = engine.facts
@@ -660,17 +796,22 @@ class Tuner:
         # measured on this run's forecasts of staying over the same span, is not a gain the model can see
         horizon = self.horizon_at(engine.now_s())
         error = self.forecast_error(len(self.spans_for(horizon)) - 1)
+        trial = False
         if gain is None or spread is None or gain < self.goal.margin + max(spread, error):
-            return None
+            # its model may not judge a KV type it extrapolates: where trying it on the swarm is cheap, try it
+            tried = self._trial(engine, cur, forecasts, base, error, horizon)
+            if tried is None:
+                return None
+            best, trial, gain = tried, True, _gain(score(forecasts[tried]), base_score) or 0.0
         # hysteresis: back to a setting it left only once the contexts have moved and for twice the margin
-        if cur is not best and best in self._left_at_context and (
+        elif cur is not best and best in self._left_at_context and (
                 gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
             return None
         # chosen on some draws, judged on others: the gain it states is not the luck that picked it. With one
         # candidate nothing was picked among several (no winner's curse), and its draws judge it as fresh ones
         # would: the look before the first step, weighing one other KV type, saves the confirming forecasts
         fresh = range(self.goal.forecast_seeds, self.goal.forecast_seeds + self.goal.confirm_seeds)
-        if self.goal.confirm_seeds > 0 and len(forecasts) > 1:
+        if self.goal.confirm_seeds > 0 and len(forecasts) > 1 and not trial:
             new_runs, stay_runs = self.forecast(engine, best, fresh), self.forecast(engine, cur, fresh)
             if new_runs is None or stay_runs is None:
                 return None
@@ -699,19 +840,65 @@ class Tuner:
                          "draws": self._draw_spreads(new_runs, stay_runs)}
         self._pending_tally = SpanTally(now, self.spans_for(horizon))
         sim = self._simulator(engine)
-        self._watch = (Watch(best.kv, gain, SimStepCost(sim)), cur, best) if sim is not None else None
+        self._watch = (Watch(best.kv, gain, SimStepCost(sim), trial=trial), cur, best) if sim is not None else None
+        if trial:
+            self._tried[best.kv] = mean_ctx
         what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
                          if getattr(cur, k) != getattr(best, k))
         return {"phase": "decided", "from": cur.as_dict(), "to": best.as_dict(), "objective": self.goal.objective,
-                "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled",
+                "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled", "trial": trial,
                 "forecast_spread": None if spread is None else round(spread, 4),
                 "horizon_s": round(horizon, 1), "mean_context": round(mean_ctx, 1),
                 "forecast_error": round(error, 4), "forecast_error_source": self._error_source(len(
                     self.spans_for(horizon)) - 1),
                 **({"kv_step_time_source": self.step_time_source(engine, best.kv)}
                    if best.kv != cur.kv and engine.backend.source != "simulated" else {}),
-                "why": f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
+                "why": (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s, "
+                        f"within its error ±{error:.0%}; its model of KV {best.kv} is a probe's, extrapolated here, "
+                        "so it is tried on the swarm and kept only if its measured steps clear the margin")
+                if trial else
+                f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
                        f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin"}
+
+    def _trial(self, engine, cur: Setting, forecasts: dict, base: list[list[Tally]], error: float,
+               horizon: float) -> Setting | None:
+        """A KV type worth trying on the swarm itself: its model is a probe's scaled at short contexts (or an
+        earlier trial's at half these), the swarm's contexts are past what that timed, its forecast cannot
+        rule out a gain, a switch converts the caches in place, and what the trial may cost (two switches
+        and its steps at half speed) is at most TRIAL_SHARE of what is left of the horizon."""
+        if engine.backend.source == "simulated" or not engine.s.kv_convert:
+            return None  # the sim's model is the card itself; without conversion a trial costs a re-prefill
+        n = len(engine.agents)
+        ctx = [a.context for a in engine.agents]
+        mean_ctx = sum(ctx) / max(n, 1)
+        bm = engine.facts.bytes_model
+        fit = engine.analysis.fit(cur.kv)
+        if fit is None:
+            return None
+        batch = min(cur.batch_cap, n)
+        step_s = fit.step_seconds(batch, bm.kv_equivalent_tokens(cur.kv, mean_ctx) * batch)
+        cached = sum(bm.kv_cache_bytes(cur.kv, c) for c in ctx)
+        # a conversion's measured rate covers its save and convert; the restore costs about as much again
+        rate = sum(b for b, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert else 0.25e9
+        cost = 2 * cached / rate + 2 * MIN_STEPS * step_s * TRIAL_LOSS
+        if cost > TRIAL_SHARE * horizon:
+            return None
+        base_score = sum(r[-1].score(self.goal, n) for r in base) / len(base)
+        out: list[tuple[float, Setting]] = []
+        for c, runs in forecasts.items():
+            if c.kv == cur.kv or c.batch_cap != cur.batch_cap or c.residency != cur.residency:
+                continue
+            own = engine.analysis.fit(c.kv)
+            if own is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
+                continue  # timed on this run's own steps: its forecast stands
+            p = self._probes.get(c.kv)
+            timed_at = self._tried.get(c.kv, float(p.contexts[1]) if p is not None else 0.0)
+            if mean_ctx < 2 * timed_at or engine.backend.can_convert(cur.kv, c.kv) is not None:
+                continue
+            g = _gain(sum(r[-1].score(self.goal, n) for r in runs) / len(runs), base_score)
+            if g is not None and g > -error:
+                out.append((g, c))
+        return max(out, key=lambda x: x[0])[1] if out else None
 
     def _may_return(self, s: Setting, mean_ctx: float) -> bool:
         """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
