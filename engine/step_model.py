@@ -44,6 +44,19 @@ class Fit:
     median_error: float | None = None  # prequential: |predicted / measured - 1| over the latest steps
     checked: int = 0  # how many steps that median is over
     per_longest_token_seconds: float = 0.0  # d: per KV token of the batch's longest sequence
+    # the per-sequence KV tokens (the longest in each step) its steps were timed at: past them it extrapolates
+    timed_tokens: tuple[float, float] | None = None
+
+    def timed_at(self, batch: float, kv_tokens: float) -> bool:
+        """Whether a speedup at this batch and per-sequence KV tokens lies where steps were timed (batch 1
+        and this batch inside the knots, the context inside the timed range), not extrapolated."""
+        lo_b, hi_b = self.knots[0][0], self.knots[-1][0]
+        if lo_b > 1 or batch > hi_b:  # a speedup divides by batch 1's step: both must have run
+            return False
+        if self.timed_tokens is None:
+            return False
+        lo, hi = self.timed_tokens
+        return lo <= kv_tokens <= hi
 
     def batch_seconds(self, batch: float) -> float:
         """g(B): interpolated between knots; beyond them along a segment spanning at least a doubling of
@@ -81,7 +94,7 @@ class Fit:
         """Every step time times factor: a model corrected by what its steps measured against it."""
         return Fit(tuple((b, g * factor) for b, g in self.knots), self.per_kv_token_seconds * factor,
                    self.rms_relative_error, self.samples, self.median_error, self.checked,
-                   self.per_longest_token_seconds * factor)
+                   self.per_longest_token_seconds * factor, self.timed_tokens)
 
     @cached_property
     def record(self) -> dict:
@@ -89,7 +102,7 @@ class Fit:
         return {"knots": [[b, g] for b, g in self.knots], "per_kv_token_seconds": self.per_kv_token_seconds,
                 "per_longest_token_seconds": self.per_longest_token_seconds,
                 "rms_error": self.rms_relative_error, "median_error": self.median_error, "checked": self.checked,
-                "samples": self.samples}
+                "samples": self.samples, "timed_tokens": None if self.timed_tokens is None else list(self.timed_tokens)}
 
     @classmethod
     def from_record(cls, x: object) -> "Fit | None":
@@ -97,9 +110,11 @@ class Fit:
         try:
             if isinstance(x, dict):
                 knots = tuple((int(b), float(g)) for b, g in x["knots"])
+                timed = x.get("timed_tokens")
                 return cls(knots, float(x["per_kv_token_seconds"]), float(x["rms_error"]), int(x.get("samples", 0)),
                            None if x.get("median_error") is None else float(x["median_error"]),
-                           int(x.get("checked", 0)), float(x.get("per_longest_token_seconds", 0.0))) if knots else None
+                           int(x.get("checked", 0)), float(x.get("per_longest_token_seconds", 0.0)),
+                           (float(timed[0]), float(timed[1])) if timed else None) if knots else None
             if isinstance(x, list | tuple) and len(x) >= 4:
                 a, b, c, rms = (float(v) for v in x[:4])
                 return cls(((1, a + b), (2, a + 2 * b)), c, rms, 0)
@@ -183,7 +198,8 @@ class Calibration:
         err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
         g = np.cumsum(coef[:-2])
         self.fit = Fit(tuple((k, float(v)) for k, v in zip(knots, g, strict=True)), float(coef[-2]), err,
-                       len(a), self.median_error, len(self._errors), float(coef[-1]))
+                       len(a), self.median_error, len(self._errors), float(coef[-1]),
+                       (float(longest.min()), float(longest.max())))
         return self.fit
 
     def in_sample_median_error(self) -> float | None:

@@ -100,3 +100,25 @@ def test_a_real_run_states_the_median_error_of_its_step_time_predictions(fresh):
     assert last.checked > 0 and last.median_error is not None
     # a model that predicts steps it has not seen: its error is finite and not wildly off on this machine
     assert 0 <= last.median_error < 0.5
+
+
+def test_a_fit_knows_where_it_was_timed_and_where_it_extrapolates():
+    """The dashboard draws the calibrated curve apart past the contexts and batch sizes its steps ran at."""
+    from swarmtune.engine.step_model import Calibration, Fit
+
+    cal = Calibration()
+    for b in (1, 4, 8):
+        for ctx in (100.0, 300.0, 500.0):
+            cal.add(b, b * ctx, 0.01 + 0.001 * b + 1e-6 * b * ctx, longest=ctx)
+    fit = cal.refit()
+    assert fit is not None and fit.timed_tokens == (100.0, 500.0)
+    assert fit.timed_at(8, 300.0) and fit.timed_at(4, 100.0)
+    assert not fit.timed_at(8, 2000.0) and not fit.timed_at(8, 50.0)
+    assert not fit.timed_at(16, 300.0)  # a batch past the knots
+    # it survives the record, and a record from before it says nothing was timed
+    again = Fit.from_record(fit.record)
+    assert again is not None and again.timed_tokens == fit.timed_tokens
+    old = dict(fit.record)
+    old.pop("timed_tokens")
+    assert not Fit.from_record(old).timed_at(8, 300.0)
+    assert fit.scaled(2.0).timed_tokens == fit.timed_tokens

@@ -75,10 +75,16 @@ class SpeedupPlot(_Plot):
         fit = Fit.from_record(r.fit) if r.fit else None
         if fit is not None:
             kv = as_kv_type(r.kv_type)  # the fit counts the KV tokens attention reads (fewer past a window)
-            pts = [(x, y) for x in xs if (y := fit.speedup(b, bm.kv_equivalent_tokens(kv, x))) is not None]
-            if pts:
-                plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="green",
+            pts = [(x, y, fit.timed_at(b, t)) for x in xs
+                   if (y := fit.speedup(b, t := bm.kv_equivalent_tokens(kv, x))) is not None]
+            timed = [p for p in pts if p[2]]
+            if timed:
+                plt.plot([p[0] for p in timed], [p[1] for p in timed], marker="braille", color="green",
                          label=f"calibrated (modeled, {fit_error_label(fit)})")
+            past = [p for p in pts if not p[2]]
+            if past:  # where no step was timed the fit is a straight line carried on: said, and drawn apart
+                plt.scatter([p[0] for p in past], [p[1] for p in past], marker="dot", color="gray",
+                            label="calibrated, extrapolated (no steps timed here)")
         pts = [p for p in stats.measured_points if p[2] == b]
         src = h.get("source", "")
         if pts:
