@@ -128,7 +128,7 @@ class SwarmApp(App):
         sink = Sink(
             records=lambda recs: self.post_message(StepsArrived(recs)),
             header=lambda h: self.call_from_thread(self._set_header, h),
-            progress=lambda what, done, total: self.post_message(EngineProgress(what, done, total)),
+            progress=self._engine_progress,
             seeked=lambda before: self.post_message(Seeked(before)),
             every_s=UI_INTERVAL_S,
         )
@@ -139,12 +139,22 @@ class SwarmApp(App):
         finally:
             self.engine_stopped.set()
 
+    def _engine_progress(self, what: str, done: int, total: int) -> None:
+        """From the engine's thread. A rebuild's re-prefill freezes every agent anyway, so the UI takes its
+        own priority back while it runs: a key (quit, above all) is then handled at once, not in the gaps."""
+        if what == "rebuild":
+            if done < total:
+                self._restore_priority()
+            else:
+                self._yield_to_engine()
+        self.post_message(EngineProgress(what, done, total))
+
     def _yield_to_engine(self) -> None:
         """Lower the UI thread's CPU priority, from the engine's thread (already running, so it and the
         llama.cpp threads it starts keep theirs). On a small CPU every slice the UI takes while all cores
         decode stalls llama.cpp's threads at their next barrier; at the lowest priority the UI paints in
         the gaps between steps instead."""
-        if not hasattr(os, "setpriority"):
+        if not hasattr(os, "setpriority") or self._ui_nice is not None:
             return
         try:
             self._ui_nice = os.getpriority(os.PRIO_PROCESS, self._ui_thread_id)
