@@ -186,6 +186,18 @@ class Engine:
                                        autotune=autotune))
             return new
 
+    def set_workload(self, gen_tokens: int | None = None, tool_tokens: int | None = None,
+                     tool_latency_s: float | None = None) -> None:
+        """The synthetic swarm's turns change shape from the next turn on (a bench's phases: agents that
+        read large tool results, then write long answers). A forecast made after it sees the new shape,
+        as it would see a real swarm's present traffic."""
+        if gen_tokens is not None:
+            self.s.gen_tokens = self.workload.gen_tokens = gen_tokens
+        if tool_tokens is not None:
+            self.s.tool_tokens = self.workload.tool_tokens = tool_tokens
+        if tool_latency_s is not None:
+            self.s.tool_latency_s = self.workload.tool_latency_s = tool_latency_s
+
     def state(self) -> EngineState:
         with self._lock:
             return self._pending_state
