@@ -558,8 +558,12 @@ class Tuner:
         return [{"phase": "reverted", "mean_context": round(mean_ctx, 1)}]
 
     def _revert(self, engine, w: Watch, back: Setting, cur: Setting, gain) -> list[dict]:
-        # the outcome so far, over the spans that passed
-        out = [self._measured(engine)] if self._pending is not None and self._pending["to"] == cur else []
+        # the outcome so far, over the spans that passed (none yet: nothing to say, and it is dropped)
+        mine = self._pending is not None and self._pending["to"] == cur
+        closed = self._pending_tally is not None and bool(self._pending_tally.closed)
+        out = [self._measured(engine)] if mine and closed else []
+        if mine and not closed:
+            self._pending, self._pending_tally = None, None
         back_rec = self._go_back(engine, back, cur, w.q or 1.0)
         if back_rec[0]["phase"] == "revert_refused":
             return out + back_rec
