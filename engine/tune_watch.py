@@ -30,7 +30,6 @@ TOLERANCE = 0.01  # a loss this small is within what a setting costs to change b
 AUTOCORRELATION = 2.0
 # a new context's first step of each kind also builds that graph shape: not what the setting costs
 WARMUP_STEPS = 1
-VERDICTS = ("agrees", "disagrees", "inconclusive")
 
 
 def verdict(measured_gain: float | None, predicted_gain: float | None, stated_error: float | None) -> str | None:
@@ -52,6 +51,8 @@ class StepCost(Protocol):
     def prefill_seconds(self, tokens: int, pos0: int, kv: str) -> float: ...
 
     def move_seconds(self, nbytes: int) -> float: ...
+
+    def corrected(self, kv: str, decode: float, prefill: float) -> tuple: ...
 
 
 @dataclass
