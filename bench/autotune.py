@@ -5,26 +5,28 @@ hindsight, is the bar), (c) the tuner, started at the default and allowed the gr
 
 The objective is decode tokens per second of the engine's clock over the whole run (simulated seconds on
 the sim profile, wall seconds on the real model; rebuilds, prefill, swaps and idle waits all count).
-The best static setting is picked on one run of each, so its figure is the luckiest of the grid as often
-as the best (on this CPU one static setting gave 35.4 and 39.8 tok/s in two benches): it is run once
-more, right after the tuner, and its objective is the mean of its two runs. Both ratios are printed.
+On a real backend every setting and the tuner run twice, the second pass in reverse order, and each
+figure is the mean of its two runs (on this CPU one static setting gave 35.4 and 39.8 tok/s in two
+benches): the best static setting is picked on its mean, the tuner judged on its own. A simulated run is
+deterministic: one pass.
 
 Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; the real
-model at 2 and 1 threads, two seeds and a second KV budget, and, with --avx2-python, the same in an
+model at 2 and 1 threads, two seeds and a second KV budget, and, with --avx2-python, the first of them in an
 environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh: no AVX-512, no AMX, where q8_0's
 attention weighs against f16 the other way). Each condition prints its ratios against the best static
 setting and against the starting one, and its outcomes counted agree / disagree / inconclusive; the last
 lines are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static).
 --figure writes the objective over time (the tuner's decisions marked) for the first conditions.
 
-    python bench/autotune.py                       # every condition here (~30 min on a 2-core box)
-    python bench/autotune.py --only sim            # the simulated conditions (~4 min)
+    python bench/autotune.py                       # every condition here (~40 min on a 2-core box)
+    python bench/autotune.py --only sim            # the simulated conditions (~8 min)
     python bench/autotune.py --avx2-python .venv-avx2/bin/python   # and the real ones on an AVX2-only build
 """
 
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -43,8 +45,8 @@ SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=600.0, agents=8, tool_latency_
 SIM_CONDITIONS = [dict(profile=p, seed=s) for p in ("rx9070xt-qwen3.5-9b", "rtx4090-qwen3.5-9b") for s in (1, 2)]
 # the default model on this CPU: contexts reach the budget within the minute. The grid is thinned (not the
 # conditions) so that the bench fits in 40 minutes: cap 8 at both KV types (caps 2 and 4 were never the best
-# static setting here); 100 s a run, long enough that a trial of a KV type costs under 2% of it
-REAL = dict(seconds=100.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
+# static setting here); 80 s a run, long enough that a trial of a KV type costs under 2% of it
+REAL = dict(seconds=80.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
             kv_budget_mb=120.0, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",))
 # a swarm whose best setting changes as it runs (the default model, this CPU, no KV budget): agents that read
 # large tool results (prefill-heavy: on a CPU with AMX q8_0's prefill slows 3.6x faster with position than
@@ -95,42 +97,59 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
 
 
 def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
+    """Every static setting of the grid and the tuner, in passes. On a real backend two passes, the second in
+    reverse order (a drift of the machine's speed over the bench then weighs on every setting alike), and
+    every figure is the mean of its runs: the best static setting is picked on its mean, as the tuner is
+    judged on its own. A simulated run is deterministic, so one pass says all of it."""
     t0 = time.perf_counter()
-    default = run(make_backend, w, w["agents"], "f16", "keep", False, seed)
-    print(f"[{name}] default static (cap {w['agents']}, f16, keep): {default['tokens_per_s']:.2f} tok/s ({source})",
-          flush=True)
-    grid = []
-    for cap, kv, res in itertools.product(w["caps"], w["kvs"], w["residencies"]):
-        if (cap, kv, res) == (w["agents"], "f16", "keep"):
-            r = default
-        else:
-            r = run(make_backend, w, cap, kv, res, False, seed)
-        grid.append(r)
-        print(f"[{name}]   static cap {cap}, {kv}, {res}: {r['tokens_per_s']:.2f} tok/s", flush=True)
-    best = max(grid, key=lambda r: r["tokens_per_s"])
-    tuned = run(make_backend, w, w["agents"], "f16", "keep", True, seed)
-    again = run(make_backend, w, best["cap"], best["kv"], best["residency"], False, seed)
-    best_mean = (best["tokens_per_s"] + again["tokens_per_s"]) / 2
-    print(f"[{name}]   best static again (cap {best['cap']}, {best['kv']}, {best['residency']}): "
-          f"{again['tokens_per_s']:.2f} tok/s; mean of its two runs {best_mean:.2f}", flush=True)
+    settings = [(w["agents"], "f16", "keep")] + [g for g in itertools.product(w["caps"], w["kvs"], w["residencies"])
+                                                 if g != (w["agents"], "f16", "keep")]
+    order = [(g, False) for g in settings] + [(settings[0], True)]
+    passes = 1 if source == "simulated" else 2
+    runs: dict[tuple, list[dict]] = {}
+    for k in range(passes):
+        for (cap, kv, res), tuned in (order if k % 2 == 0 else order[::-1]):
+            r = run(make_backend, w, cap, kv, res, tuned, seed)
+            runs.setdefault((cap, kv, res, tuned), []).append(r)
+            what = "tuner" if tuned else f"static cap {cap}, {kv}, {res}"
+            print(f"[{name}]   pass {k + 1}: {what}: {r['tokens_per_s']:.2f} tok/s ({source})", flush=True)
+
+    def mean(rs: list[dict]) -> float:
+        return sum(r["tokens_per_s"] for r in rs) / len(rs)
+
+    grid = [dict(runs[(*g, False)][0], tokens_per_s=mean(runs[(*g, False)]),
+                 runs_tokens_per_s=[r["tokens_per_s"] for r in runs[(*g, False)]]) for g in settings]
+    default, best = grid[0], max(grid, key=lambda r: r["tokens_per_s"])
+    tuned_runs = runs[(*settings[0], True)]
+    tuned = dict(tuned_runs[0], tokens_per_s=mean(tuned_runs),
+                 runs_tokens_per_s=[r["tokens_per_s"] for r in tuned_runs],
+                 decisions=[dict(d, run=i + 1) for i, r in enumerate(tuned_runs) for d in r["decisions"]])
     for d in tuned["decisions"]:
-        print(f"[{name}]   {d['t']:7.1f} s  {d['why']}", flush=True)
+        print(f"[{name}]   tuner run {d['run']} {d['t']:7.1f} s  {d['why']}", flush=True)
     verdicts = [d.get("verdict") for d in tuned["decisions"] if d["phase"] == "measured"]
     counts = {v: verdicts.count(v) for v in ("agrees", "disagrees", "inconclusive")}
     reverted = sum(d["phase"] == "reverted" for d in tuned["decisions"])
     print(f"[{name}] outcomes: {counts['agrees']} agree, {counts['disagrees']} disagree, {counts['inconclusive']} "
           f"inconclusive; {reverted} change(s) reverted by the closed loop", flush=True)
-    ratio = tuned["tokens_per_s"] / best_mean
+    ratio = tuned["tokens_per_s"] / best["tokens_per_s"]
     vs_start = tuned["tokens_per_s"] / default["tokens_per_s"]
-    print(f"[{name}] default {default['tokens_per_s']:.2f}, best static (cap {best['cap']}, {best['kv']}, "
-          f"{best['residency']}) {best_mean:.2f} (runs {best['tokens_per_s']:.2f}, {again['tokens_per_s']:.2f}), "
-          f"tuner {tuned['tokens_per_s']:.2f} tok/s ({source}); tuner / best static {ratio:.3f} "
-          f"(against its grid run alone {tuned['tokens_per_s'] / best['tokens_per_s']:.3f}), "
-          f"tuner / default {tuned['tokens_per_s'] / default['tokens_per_s']:.2f}x; "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "best_again": again,
-            "best_mean": best_mean, "tuned": tuned, "ratio": ratio, "vs_start": vs_start, "verdicts": counts,
-            "reverted": reverted}
+
+    def figs(r: dict) -> str:
+        return "" if len(r["runs_tokens_per_s"]) < 2 else " (runs " + ", ".join(
+            f"{x:.2f}" for x in r["runs_tokens_per_s"]) + ")"
+    print(f"[{name}] default {default['tokens_per_s']:.2f}{figs(default)}, best static (cap {best['cap']}, "
+          f"{best['kv']}, {best['residency']}) {best['tokens_per_s']:.2f}{figs(best)}, tuner "
+          f"{tuned['tokens_per_s']:.2f}{figs(tuned)} tok/s ({source}); tuner / best static {ratio:.3f}, "
+          f"tuner / default {vs_start:.3f}; {time.perf_counter() - t0:.0f} s", flush=True)
+    return {"name": name, "source": source, "default": default, "grid": grid, "best": best,
+            "best_mean": best["tokens_per_s"], "tuned": tuned, "ratio": ratio, "vs_start": vs_start,
+            "verdicts": counts, "reverted": reverted}
+
+
+def sim_condition(c: dict) -> dict:
+    p = profile(c["profile"])
+    w = dict(SIM, profile=c["profile"])
+    return workload(f"sim {c['profile']}, seed {c['seed']}", lambda: SimBackend(p), w, c["seed"], "simulated")
 
 
 def figure(results: list[dict], path: Path) -> None:
@@ -200,6 +219,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write every condition's figures as JSON")
     ap.add_argument("--avx2-python", default=None,
                     help="an environment built by bench/avx2_env.sh: its real-model conditions run there too")
+    ap.add_argument("--avx2-real", type=int, default=1,
+                    help="how many of the real-model conditions run on the AVX2-only build too (the first)")
     ap.add_argument("--changing", action="store_true",
                     help="also the workload whose best setting changes during the run (the default model)")
     ap.add_argument("--only-changing", action="store_true", help=argparse.SUPPRESS)
@@ -217,15 +238,14 @@ def main() -> None:
     if a.only_changing:
         a.only, a.real, a.changing = "real", 0, True
     if a.only in (None, "sim"):
-        for c in SIM_CONDITIONS:
-            p = profile(c["profile"])
-            w = dict(SIM, profile=c["profile"])
-            results.append(workload(f"sim {c['profile']}, seed {c['seed']}", lambda p=p: SimBackend(p), w, c["seed"],
-                                    "simulated"))
+        # simulated seconds do not depend on the wall clock: the sim conditions share the cores, two at a
+        # time, before any real one runs alone
+        with multiprocessing.get_context("spawn").Pool(min(2, os.cpu_count() or 1)) as pool:
+            results += pool.map(sim_condition, SIM_CONDITIONS)
     if a.only in (None, "real"):
         results += [real_condition(c, "native build") for c in REAL_CONDITIONS[:a.real]]
         if a.avx2_python:
-            which = json.dumps(REAL_CONDITIONS[:max(1, a.real)])
+            which = json.dumps(REAL_CONDITIONS[:max(1, min(a.real, a.avx2_real))])
             child = subprocess.run([a.avx2_python, __file__, "--conditions", which, "--build", "AVX2-only build"],
                                    stdout=subprocess.PIPE, text=True, check=False)
             for line in child.stdout.splitlines():

@@ -50,7 +50,7 @@ REVISIT_MIN_CONTEXT = 256.0
 # a setting reverted as measurably worse is tried again only once the contexts moved this much (or the budget)
 PENALTY_CONTEXT_CHANGE = 0.5
 # a trial (a KV type tried on the swarm because its model could not judge it) is re-forecast this many times,
-# MIN_STEPS decode steps apart, before it is reverted for not clearing the margin
+# each on twice the decode steps of the last, before it holds (its central gain at least zero) for the forecasts
 TRIAL_CHECKS = 2
 MAX_CHECKS = 3  # a change neither measurably better nor worse after this many is left to the forecasts
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
@@ -467,12 +467,14 @@ class Tuner:
             w.checks += 1
             if gain is None:
                 return []
-            need = self.goal.margin if w.trial else 0.0
-            if gain[2] >= need:
+            # once a switch is made, staying costs nothing and going back costs a conversion: the margin was
+            # the bar for making it; what keeps it is a corrected forecast no worse than going back
+            if gain[2] >= 0.0:
                 return self._confirm(engine, w, back, to, gain)
-            if gain[1] < -TOLERANCE or (w.trial and (gain[0] < need or w.checks >= TRIAL_CHECKS)):
+            if gain[1] < -TOLERANCE or (w.trial and gain[0] < 0.0):
                 return self._revert(engine, w, back, to, gain)
-            if w.checks >= MAX_CHECKS:  # neither way past its noise: it holds, and the forecasts take it from here
+            if w.checks >= (TRIAL_CHECKS if w.trial else MAX_CHECKS):
+                # neither way past its noise: it holds, and the forecasts take it from here
                 self._watch = None
                 return [{"phase": "held", "to": to.as_dict(), "q": _round(w.q),
                          "measured_gain": round(gain[0], 4),
@@ -571,7 +573,7 @@ class Tuner:
         if cur.kv != back.kv and isinstance(w.model.sim, CalibratedSim):
             self._kv_correction[cur.kv] = w.model.corrected(cur.kv, w.decode.bounds()[0], w.prefill.bounds()[0])
         worse = gain is None or gain[1] < -TOLERANCE
-        what = "measurably worse than staying" if worse else "a trial that did not clear the margin"
+        what = "measurably worse than staying" if worse else "a trial measured below going back"
         return out + [{"phase": "reverted", "from": cur.as_dict(), "to": back.as_dict(), "q": _round(w.q),
                        "q_stderr": _round(w.q_stderr), "decode_steps": w.decode_steps, "trial": w.trial,
                        "measured_gain": None if gain is None else round(gain[0], 4),
@@ -859,7 +861,8 @@ class Tuner:
                    if best.kv != cur.kv and engine.backend.source != "simulated" else {}),
                 "why": (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s, "
                         f"within its error ±{error:.0%}; its model of KV {best.kv} is a probe's, extrapolated here, "
-                        "so it is tried on the swarm and kept only if its measured steps clear the margin")
+                        "so it is tried on the swarm and kept only if, forecast again with its measured steps, it is not "
+                        "below going back")
                 if trial else
                 f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
                        f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin"}
