@@ -38,7 +38,7 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.tuner import Goal, Tuner
+from swarmtune.engine.tune import Goal, Tuner
 
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=600.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
            tool_tokens=1024, caps=(4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap"))

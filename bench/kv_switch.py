@@ -16,6 +16,7 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")
 
 import numpy as np
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.llama_backend import LlamaBackend
@@ -43,7 +44,7 @@ def kls(e: Engine, fresh: LlamaBackend) -> list[float]:
 
 def switch(e: Engine, kv: str, convert: bool) -> tuple[float, str]:
     e.s.kv_convert = convert
-    e.request(kv=kv)
+    e.request(Control(kv=kv))
     r = e.step()
     assert r.kind == "rebuild", r.kind
     e.check_caches()

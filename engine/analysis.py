@@ -4,6 +4,7 @@ unit annotates it, one fit and one reference per KV cache type (the step time de
 
 import copy
 
+from swarmtune.engine.bytes_model import StepRead
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.power.ledger import EnergyLedger
 from swarmtune.engine.power.meter import StepPower
@@ -32,7 +33,7 @@ class StepAnalysis:
         self._references: dict[str, BatchOneReference] = {}
         self._decodes = 0
         self._fresh_context = True
-        # a tuner's forecast (engine/tuner.py) needs only when its batch-1 reference steps fall, not what each
+        # a tuner's forecast (engine/tune/) needs only when its batch-1 reference steps fall, not what each
         # step implies: the fits, speedups and energy a record carries cost a third of a forecast's time
         self.forecasting = False
 
@@ -71,7 +72,7 @@ class StepAnalysis:
         cold = ref.samples < REFERENCE_WARM_SAMPLES or not ref.covers(mean_ctx)
         return steps_since >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
 
-    def annotate(self, rec: StepRecord, contexts: list[int], distinct_experts: float | None,
+    def annotate(self, rec: StepRecord, contexts: list[int], read: StepRead | None,
                  power: StepPower | None) -> None:
         """Adds to a decode step's record what its numbers imply (all modeled but measured_speedup)."""
         b, kv, seconds = rec.batch, rec.kv_type, rec.seconds
@@ -84,7 +85,8 @@ class StepAnalysis:
             return
         if power is not None:
             self.ledger.add(b, power.joules, rec.tokens, seconds)
-        rec.predicted_speedup = self.bytes_model.speedup_mixed(contexts, kv, distinct_experts)
+        if read is not None:  # what the step read, computed once by the engine for its record
+            rec.predicted_speedup = read.speedup
         cal = self.calibration(kv)
         # the fit's KV term counts what attention reads: past a window, fewer tokens than the context;
         # derived from the KV bytes the record already holds rather than summed over the layers again

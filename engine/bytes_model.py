@@ -26,6 +26,32 @@ def _pad(n: int, to: int) -> int:
 
 
 @dataclass(frozen=True)
+class StepRead:
+    """The bytes of one step, term by term: K(L_i) per agent, s, W(1), W(B) for the batch's agents, and the
+    weights the step as run read (a prefill carries more tokens than agents)."""
+
+    kv_per_agent: list[float]
+    state_bytes: float
+    weight_one: float
+    weight_batch: float
+    weight_step: float
+
+    @property
+    def kv_bytes(self) -> float:
+        return sum(self.kv_per_agent)
+
+    @property
+    def speedup(self) -> float:
+        """The batch's throughput over the mean batch-1 throughput at the same contexts (bandwidth only)."""
+        b = len(self.kv_per_agent)
+        if b == 0:
+            return 0.0
+        one = sum(self.weight_one + self.state_bytes + k for k in self.kv_per_agent) / b
+        many = self.weight_batch + b * self.state_bytes + self.kv_bytes
+        return b * one / many if many > 0 else float(b)
+
+
+@dataclass(frozen=True)
 class ByteModel:
     dense_weight_bytes: float  # read by every step whatever the batch: attention, norms, routers, shared experts, head
     embd_row_bytes: float = 0.0  # one row of an untied token_embd, read once per token in the batch
@@ -37,16 +63,17 @@ class ByteModel:
     state_bytes: float = 0.0  # s: one agent's recurrent state, f32 conv (r) and state (s) rows over recurrent layers
     source: str = ""  # where the numbers came from
     notes: tuple[str, ...] = field(default_factory=tuple)  # what the model leaves out for this architecture
+    # per KV type: (bytes per token of the full-attention layers, (bytes, window) of each windowed layer).
+    # K(L) is asked for on every step and at every point of a curve; summing layer by layer each time
+    # cost the dashboard tens of ms a frame.
+    _kv_terms_cache: dict[str, tuple[float, tuple[tuple[float, int], ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.window_per_layer) != len(self.kv_values_per_layer):
             raise ValueError("window_per_layer and kv_values_per_layer must have one entry per layer")
         if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
             raise ValueError(f"expert_used_count {self.n_expert_used} does not fit expert_count {self.n_expert}")
-        # per KV type: (bytes per token of the full-attention layers, (bytes, window) of each windowed layer).
-        # K(L) is asked for on every step and at every point of a curve; summing layer by layer each time
-        # cost the dashboard tens of ms a frame.
-        object.__setattr__(self, "_kv_terms_cache", {})
 
     @classmethod
     def dense(cls, weight_bytes: float, kv_values_per_token: float, embd_row_bytes: float = 0.0,
@@ -194,6 +221,15 @@ class ByteModel:
         """Bytes one decode step reads: W(B) + sum over the batch of (s + K(L_i))."""
         private = sum(self.state_bytes + self.kv_read_bytes(kv, c) for c in contexts)
         return self.weight_bytes(len(contexts), distinct_experts) + private
+
+    def step_read(self, kv: str, contexts: Sequence[float], tokens: int,
+                  distinct_experts: float | Sequence[float] | None = None) -> "StepRead":
+        """What one step reads, each term computed once: the record's bytes and its predicted speedup
+        both come from it. tokens: what the step carries (an untied embedding reads one row per token)."""
+        return StepRead(kv_per_agent=[self.kv_read_bytes(kv, c) for c in contexts],
+                        state_bytes=self.state_bytes, weight_one=self.weight_bytes(1),
+                        weight_batch=self.weight_bytes(len(contexts), distinct_experts),
+                        weight_step=self.weight_bytes(tokens, distinct_experts) if contexts else 0.0)
 
     def speedup(self, batch: int, context: float, kv: str,
                 distinct_experts: float | Sequence[float] | None = None) -> float:

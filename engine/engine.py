@@ -9,14 +9,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 import swarmtune
+from swarmtune.engine.agent_source import AgentSource
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
-from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.control import Control
+from swarmtune.engine.errors import Interrupted, Stalled, UserError
 from swarmtune.engine.kv_convert import Unconvertible
-from swarmtune.engine.power.meter import NoMeter
-from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.power.meter import Meter, NoMeter
+from swarmtune.engine.records import AgentView, Move, StepRecord
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
@@ -26,21 +29,23 @@ from swarmtune.engine.settings import (
     check_residency,
     min_context,
 )
+from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
-TAIL_CHARS = 48
 IDLE_SLICE_S = 0.05  # a real engine with every agent waiting for a tool sleeps this long per idle step
 
 
-@dataclass
-class Control:
-    batch_cap: int | None = None
-    kv: str | None = None
-    agents: int | None = None
-    residency: str | None = None
-    autotune: bool | None = None
+class TunerHook(Protocol):
+    """What the engine asks of a tuner (engine/tune/): it sees every record and turns the controls only
+    through `Engine.request`, as a person would."""
+
+    def prepare(self, engine: "Engine") -> list[dict]: ...
+
+    def observe(self, engine: "Engine", rec: StepRecord) -> list[dict]: ...
+
+    def restart(self) -> None: ...
 
 
 @dataclass
@@ -55,8 +60,8 @@ class EngineState:
 
 class Engine:
     def __init__(self, backend: Backend, settings: EngineSettings,
-                 progress: Callable[[str, int, int], None] | None = None, meter=None, tuner=None,
-                 autotune: bool = False) -> None:
+                 progress: Callable[[str, int, int], None] | None = None, meter: Meter | None = None,
+                 tuner: "TunerHook | None" = None, autotune: bool = False, agents: AgentSource | None = None) -> None:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts
@@ -64,14 +69,16 @@ class Engine:
         self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents),
                          chunk_tokens=min(settings.chunk_tokens, backend.max_chunk_tokens))
         self.progress = progress or (lambda what, done, total: None)
-        self.workload = Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens,
+        # what drives the agents (engine/agent_source.py): the synthetic swarm unless told otherwise
+        self.workload: AgentSource = agents or Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens,
                                  self.s.tool_latency_s, self.s.tool_latency_sigma)
         self.slots = max(self.s.agents, 1)
         self.agents: list[Agent] = []
-        self.scheduler = Scheduler(self.s.batch_cap, self._budget_tokens(self.s.kv), self.s.chunk_tokens)
+        self._budgets: dict[tuple[str, int, float | None], int] = {}  # budget_tokens, computed once per key
+        self.scheduler = Scheduler(self.s.chunk_tokens)
         min_need = min_context(self.s)
-        if self.scheduler.kv_budget_tokens < min_need:
-            raise UserError(f"the KV budget holds {self.scheduler.kv_budget_tokens} tokens at {self.s.kv}; "
+        if self.budget_tokens(self.s.kv) < min_need:
+            raise UserError(f"the KV budget holds {self.budget_tokens(self.s.kv)} tokens at {self.s.kv}; "
                             f"not even one agent fits (needs {min_need})")
         self._since_reference = 0
         self.step_index = 0
@@ -79,7 +86,7 @@ class Engine:
         self._t0 = 0.0
         self._controls: queue.Queue[Control] = queue.Queue()
         self._lock = threading.Lock()
-        self.tuner = tuner  # engine/tuner.py: watches every record, turns the controls through request()
+        self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
         self.autotune = autotune and tuner is not None
         self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents, self.s.residency,
                                           self.autotune if tuner is not None else None)
@@ -91,18 +98,53 @@ class Engine:
         self.should_stop: Callable[[], bool] = lambda: False  # checked between the chunks of a long rebuild
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
-        self._moves: list[dict] = []  # residency moves since the last record: swaps out and in, drops
+        self._moves: list[Move] = []  # residency moves since the last record: swaps out and in, drops
         self.refused_kv: set[str] = set()  # KV types this build could not make
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
     # setup
-    def _budget_tokens(self, kv: str) -> int:
+    def budget_tokens(self, kv: str) -> int:
+        """The tokens of full-attention cache the KV budget holds at this type, over every agent."""
+        key = (kv, self.slots, self.s.kv_budget_bytes)
+        if key not in self._budgets:
+            self._budgets[key] = self._budget_for(kv)
+        return self._budgets[key]
+
+    def _budget_for(self, kv: str) -> int:
         if self.s.kv_budget_bytes is None:
             return self.slots * self.s.ctx_per_agent
         # each agent's window cells (windowed layers keep window + one ubatch) and recurrent state are fixed
         # costs; the full-attention layers' tokens share what is left
         return self.facts.bytes_model.budget_tokens(self.s.kv_budget_bytes, kv, self.slots, self.s.ctx_per_agent,
                                                     swa_slack_tokens=self.s.chunk_tokens)
+
+    def fork(self, sim: SimBackend, settings: EngineSettings, meter: Meter | None = None) -> "Engine":
+        """A shadow of this engine on a simulator, from its present state: every agent as it stands (its
+        history, turn, tool wait, residency), the clock, the step count, the batch-1 reference's schedule.
+        Its cache holds what this one holds, so it runs on from here as this swarm would. The shadow's
+        samplers draw their own tokens: what it forecasts is time, not text."""
+        shadow = Engine(sim, settings, meter=meter)
+        shadow.slots = self.slots
+        sim.open(self.s.kv, self.slots, self.s.ctx_per_agent)
+        shadow.analysis.context_opened()
+        shadow.analysis.forecasting = True
+        shadow.analysis.carry_references(self.analysis)
+        shadow._since_reference = self._since_reference
+        shadow.clock_s = self.now_s()
+        shadow.started = True
+        shadow.step_index = self.step_index
+        for a in self.agents:
+            b = replace(a, history=list(a.history), pending=list(a.pending), tool_pending=list(a.tool_pending),
+                        messages=list(a.messages), swapped=None)
+            if a.residency is Residency.HOST:
+                b.swapped = sim.saved_stand_in(self.s.kv, a.context)
+            elif a.state is not AgentState.PREEMPTED and a.context:
+                sim.adopt_cached(a.seq, a.context)
+            if b.next_token is not None:
+                b.next_token = sim.tokenize(" x")[0]
+            shadow.workload.seed_sampler(b)
+            shadow.agents.append(b)
+        return shadow
 
     @property
     def calibration(self) -> Calibration:
@@ -121,7 +163,7 @@ class Engine:
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.run_id = uuid.uuid4().hex[:12]
         self.started = True
-        if self.autotune:
+        if self.autotune and self.tuner is not None:
             # on the run's clock: what the tuner measures before the first step (the KV types it may use) costs
             # the swarm its time
             self._queued += [self.tune_record(note) for note in self.tuner.prepare(self)]
@@ -157,8 +199,9 @@ class Engine:
         }
 
     # controls: validated now, in the caller's thread; applied at the next step
-    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
-                residency: str | None = None, autotune: bool | None = None) -> EngineState:
+    def request(self, c: Control) -> EngineState:
+        """Checked here, for every caller, in one wording; applied at the next step."""
+        batch_cap, kv, agents, residency, autotune = c.batch_cap, c.kv, c.agents, c.residency, c.autotune
         with self._lock:
             if autotune is not None and self.tuner is None:
                 raise UserError("this engine has no tuner", field="autotune")
@@ -169,7 +212,7 @@ class Engine:
             if kv is not None:
                 check_kv(kv)
                 if self.s.kv_budget_bytes is not None:
-                    budget = self._budget_tokens(kv)
+                    budget = self.budget_tokens(kv)
                     if budget < min_context(self.s):
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
             if residency is not None:
@@ -182,8 +225,7 @@ class Engine:
                 autotune=st.autotune if autotune is None else autotune,
             )
             self._pending_state = new
-            self._controls.put(Control(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency,
-                                       autotune=autotune))
+            self._controls.put(c)
             return new
 
     def set_workload(self, gen_tokens: int | None = None, tool_tokens: int | None = None,
@@ -192,11 +234,16 @@ class Engine:
         read large tool results, then write long answers). A forecast made after it sees the new shape,
         as it would see a real swarm's present traffic."""
         if gen_tokens is not None:
-            self.s.gen_tokens = self.workload.gen_tokens = gen_tokens
+            self.s.gen_tokens = self._synthetic().gen_tokens = gen_tokens
         if tool_tokens is not None:
-            self.s.tool_tokens = self.workload.tool_tokens = tool_tokens
+            self.s.tool_tokens = self._synthetic().tool_tokens = tool_tokens
         if tool_latency_s is not None:
-            self.s.tool_latency_s = self.workload.tool_latency_s = tool_latency_s
+            self.s.tool_latency_s = self._synthetic().tool_latency_s = tool_latency_s
+
+    def _synthetic(self) -> Workload:
+        if not isinstance(self.workload, Workload):
+            raise UserError("only the synthetic swarm's turns can be reshaped")
+        return self.workload
 
     def state(self) -> EngineState:
         with self._lock:
@@ -217,12 +264,11 @@ class Engine:
                 self.s.residency = c.residency  # where the next agent to call a tool parks its history
             if c.autotune is not None and c.autotune != self.autotune:
                 self.autotune = c.autotune
-                if c.autotune:
+                if c.autotune and self.tuner is not None:
                     self.tuner.restart()  # it measures from now, not from before it was turned off
             if c.kv is not None and c.kv != self.s.kv:
                 rebuild_to = c.kv
         self.s.batch_cap = min(self.s.batch_cap, len(self.agents))
-        self.scheduler.batch_cap = self.s.batch_cap
         if rebuild_to is not None or self.backend.n_seqs < self.slots:
             return self._rebuild(rebuild_to or self.s.kv)
         return None
@@ -236,7 +282,6 @@ class Engine:
         while len(self.agents) < n:
             if len(self.agents) >= self.slots:
                 self.slots *= 2  # the next step rebuilds the context with room for more streams
-                self.scheduler.kv_budget_tokens = self._budget_tokens(self.s.kv)
             a = Agent(id=next_id, seq=-1, limit=self.s.ctx_per_agent)
             a.seq = next(s for s in range(self.slots) if s not in {x.seq for x in self.agents})
             self.agents.append(a)
@@ -256,7 +301,7 @@ class Engine:
         rec = self._step()
         if self.s.check:
             self.check_caches()
-        if self.autotune:
+        if self.autotune and self.tuner is not None:
             for note in self.tuner.observe(self, rec):
                 self._queued.append(self.tune_record(note))
         return rec
@@ -306,7 +351,8 @@ class Engine:
         if rec is not None:
             return rec
         self._wake_tools()
-        plan = self.scheduler.schedule(self.agents, self.step_index)
+        plan = self.scheduler.schedule(self.agents, self.step_index, self.s.batch_cap,
+                                       self.budget_tokens(self.s.kv))
         preempted = [a.id for a in plan.preempt or []]
         for a in plan.preempt or []:
             self._preempt(a)
@@ -316,7 +362,7 @@ class Engine:
             return self._decode_step(plan, preempted)
         if any(a.state is AgentState.TOOL for a in self.agents):
             return self._idle_step()
-        raise RuntimeError("no agent can run: the KV budget is too small for the swarm")
+        raise Stalled("no agent can run: the KV budget is too small for the swarm")
 
     def _preempt(self, a: Agent) -> None:
         self.backend.drop(a.seq)
@@ -329,7 +375,7 @@ class Engine:
 
     # residency: where a waiting agent's history lives
     def _move(self, a: Agent, op: str, nbytes: float, seconds: float, source: str) -> None:
-        self._moves.append({"agent": a.id, "op": op, "bytes": int(nbytes), "seconds": seconds, "source": source})
+        self._moves.append(Move(a.id, op, int(nbytes), seconds, source))
 
     def _park(self, a: Agent) -> None:
         """An agent just called a tool: keep its cells, swap them out to host memory, or drop them."""
@@ -357,7 +403,7 @@ class Engine:
             if a.state is not AgentState.TOOL or a.tool_ready_at is None or a.tool_ready_at > now:
                 continue
             if a.residency is Residency.HOST:
-                room = self.scheduler.kv_budget_tokens - self.scheduler.used_tokens(self.agents)
+                room = self.budget_tokens(self.s.kv) - self.scheduler.used_tokens(self.agents)
                 try:
                     if a.context > room:
                         raise NoKVSlot()
@@ -415,8 +461,8 @@ class Engine:
             self._since_reference = 0
         while True:
             try:
-                out, seconds = self.backend.decode([a.seq for a in batch], [a.next_token for a in batch],
-                                                   [a.context for a in batch])
+                sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
+                out, seconds = self.backend.decode([a.seq for a in batch], sent, [a.context for a in batch])
                 break
             except NoKVSlot:
                 victim = max(batch, key=lambda a: a.context)
@@ -425,22 +471,21 @@ class Engine:
                 batch = [a for a in batch if a is not victim]
                 if not batch:
                     return self._record("decode", [], 0.0, 0, preempted, note="no KV slot")
-        backend, limit_turn = self.backend, self.s.gen_tokens
-        for a, tok in zip(batch, out, strict=True):
-            a.history.append(a.next_token)
+        backend, source = self.backend, self.workload
+        for a, fed, tok in zip(batch, sent, out, strict=True):
+            a.history.append(fed)
             a.generated += 1
             a.turn_generated += 1
             a.last_served_step = self.step_index
             piece = backend.piece(tok)
-            if backend.is_eog(tok) or a.turn_generated >= limit_turn or a.context + 2 >= a.limit:
+            if backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit:
                 a.next_token = None
-                self.workload.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
+                source.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
                 if a.state is AgentState.TOOL:
                     self._park(a)
             else:
                 a.next_token = tok
-                a.turn_text += piece
-                a.tail = (a.tail + piece)[-TAIL_CHARS:]
+                source.on_token(a, tok, piece)
         rec = self._record("decode", batch, seconds, len(batch), preempted, note=note)
         rec.reference = bool(note)
         return rec
@@ -470,7 +515,7 @@ class Engine:
                 out[a.id], seconds = self.backend.convert_saved(handle, kv)
                 self._move(a, "convert", nbytes, seconds, self._cost_source)
         except Unconvertible as e:
-            self._moves = [m for m in self._moves if not m["op"].startswith("convert")]
+            self._moves = [m for m in self._moves if not m.op.startswith("convert")]
             return {}, {}, str(e)
         return out, saved, ""
 
@@ -487,13 +532,12 @@ class Engine:
             kv = old
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
             converted = saved  # the states as saved go back into the old type's cache
-            self._moves = [m for m in self._moves if not m["op"].startswith("convert")]
+            self._moves = [m for m in self._moves if not m.op.startswith("convert")]
             with self._lock:
                 self._pending_state = replace(self._pending_state, kv=kv)
         self.s.kv = kv
         self.analysis.context_opened()
-        self.scheduler.kv_budget_tokens = self._budget_tokens(kv)
-        budget = self.scheduler.kv_budget_tokens
+        budget = self.budget_tokens(kv)
         restored: set[int] = set()
         restore_s, converted_tokens = 0.0, 0
         for a in sorted(self.agents, key=lambda x: x.id):
@@ -552,7 +596,7 @@ class Engine:
                     a.state = AgentState.DECODE
         finally:
             self.backend.interrupt_with(None)
-        moves_s = sum(m["seconds"] for m in self._moves if m["op"].startswith("convert"))
+        moves_s = sum(m.seconds for m in self._moves if m.op.startswith("convert"))
         if self.backend.source == "simulated":
             wall = seconds + restore_s  # the conversion's own seconds are in its moves
         else:
@@ -582,13 +626,14 @@ class Engine:
         contexts = [a.context for a in batch]
         # a tuner's forecast reads only a step's time, tokens and energy: no bytes, no agents' views
         lean = self.analysis.forecasting
-        kv_bytes = 0.0 if lean else sum(bm.kv_read_bytes(kv, c) for c in contexts)
         measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
         distinct = sum(measured) / len(measured) if measured else None
-        weight_bytes = bm.weight_bytes(tokens, distinct) if batch else 0
+        read = None if lean else bm.step_read(kv, contexts, tokens, distinct)
+        kv_bytes = read.kv_bytes if read is not None else 0.0
+        weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
         mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
         moved, self._moves = self._moves, []
-        moved_s = sum(m["seconds"] for m in moved)
+        moved_s = sum(m.seconds for m in moved)
         if self.backend.source == "simulated":
             self.clock_s += seconds + moved_s
             t = self.clock_s
@@ -613,7 +658,7 @@ class Engine:
             if tokens:
                 rec.joules_per_token = power.joules / tokens
                 rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
-        self.analysis.annotate(rec, contexts, distinct, power)
+        self.analysis.annotate(rec, contexts, read, power)
         self.step_index += 1
         return rec
 

@@ -9,3 +9,8 @@ class UserError(Exception):
 
 class Interrupted(Exception):
     """The caller asked the engine to stop mid-step (a rebuild in progress): it is left unfinished."""
+
+
+class Stalled(RuntimeError):
+    """No agent can run: the KV budget cannot hold the swarm at this setting. A forecast that meets it
+    rules the setting out; a live run reports it."""

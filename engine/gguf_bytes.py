@@ -191,11 +191,11 @@ def bytes_model_from_gguf(reader, arch: str, n_layer_all: int, n_embd: int, n_he
     dense, row = 0.0, 0.0
     for t in tensors:
         nbytes = float(t.n_bytes)
-        il = _layer_of(t.name)
-        if il is not None and il >= n_layer:
+        layer = _layer_of(t.name)
+        if layer is not None and layer >= n_layer:
             continue
-        if n_expert and il is not None and "_exps." in t.name:
-            expert_bytes[il] += nbytes / n_expert
+        if n_expert and layer is not None and "_exps." in t.name:
+            expert_bytes[layer] += nbytes / n_expert
         elif t.name in ROW_READ_TENSORS and not (tied and t.name == "token_embd.weight"):
             rows = int(t.shape[-1]) if len(t.shape) else 1
             row += nbytes / max(rows, 1)

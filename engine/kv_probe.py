@@ -10,7 +10,7 @@ history's length and at a short one, and of one sequence at the short one.
 The decode ratios scale the run's own fit (engine/step_model.py) to the other type: the cost of a step
 apart from attention by the ratio of the two lines' intercepts, attention's per-token costs by the ratio
 of their slopes. That fit stands for the type until it has run and has a fit of its own. Every point
-timed also joins its type's fits (engine/tuner.py): at a run's start they are the only measurements there
+timed also joins its type's fits (engine/tune/): at a run's start they are the only measurements there
 are, and they let the tuner's first look come before the swarm has prefilled anything.
 """
 

@@ -16,7 +16,7 @@ class KVType:
     def quantized(self) -> bool:
         return self.block_values > 1
 
-    def bytes_for(self, n_values: int) -> float:
+    def bytes_for(self, n_values: float) -> float:
         return n_values * self.block_bytes / self.block_values
 
 

@@ -112,9 +112,9 @@ class LlamaBackend:
         self.ctx_per_seq = 0
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
-        self._prefill_row = None
+        self._prefill_row: tuple[int, int] | None = None  # (seq, row) of the last prefill's logits
         self.attn_rot: tuple[bool, ...] = (False, False)
-        self._abort_cb = None  # kept here: llama.cpp holds only the pointer
+        self._abort_cb: object | None = None  # kept here: llama.cpp holds only the pointer
         # MoE: distinct experts of the last decode step, per MoE layer (measured through an eval callback)
         want_routing = default_measure_routing() if measure_routing is None else measure_routing
         self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
@@ -294,7 +294,7 @@ class LlamaBackend:
         t0 = time.perf_counter()
         self._decode()
         ll.llama_synchronize(self.ctx)
-        self._prefill_row: tuple[int, int] | None = (seq, n - 1)
+        self._prefill_row = (seq, n - 1)
         return time.perf_counter() - t0
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
@@ -426,7 +426,7 @@ class _SavedSeq:
     data: ctypes.Array  # host memory
     nbytes: int
     kv: str
-    rot: tuple[bool, bool] | None = None  # converted: the (K, V) rotation its rows are in
+    rot: tuple[bool, ...] | None = None  # converted: the (K, V) rotation its rows are in
 
 
 def caches_from_log(lines: list[str]) -> dict[str, int]:

@@ -30,14 +30,8 @@ class ModelFacts:
     embd_row_bytes: int  # one row of an untied token_embd, read once per token in the batch; 0 when tied
     tied_output: bool
     kv_values_per_token: float  # K and V elements one token adds, over all layers with a KV cache
-    # what a step reads, layer by layer (windows, experts, recurrent state); None: a dense one from the fields above
-    bytes_model: ByteModel | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.bytes_model is None:
-            dense = ByteModel.dense(self.weight_bytes, self.kv_values_per_token, self.embd_row_bytes,
-                                    source="dense: one weight stream, one KV cost per token")
-            object.__setattr__(self, "bytes_model", dense)
+    # what a step reads, layer by layer (windows, experts, recurrent state)
+    bytes_model: ByteModel = field(compare=False)
 
     def kv_bytes_per_token(self, kv: str) -> float:
         """K and V of one token over all layers with a KV cache, block scales included.
@@ -49,7 +43,6 @@ class ModelFacts:
 
     def step_weight_bytes(self, batch: int) -> int:
         """W(B) of a step carrying `batch` tokens (MoE: uniform routing, modeled)."""
-        assert self.bytes_model is not None  # set in __post_init__
         return int(round(self.bytes_model.weight_bytes(batch)))
 
 

@@ -27,6 +27,17 @@ class AgentView:
 
 
 @dataclass
+class Move:
+    """A history moved between the KV cache and host memory (or dropped, or converted by a KV switch)."""
+
+    agent: int
+    op: str  # swap_out | swap_in | swap_in_refused | drop | swap_discarded | convert_save | convert
+    bytes: int
+    seconds: float
+    source: str  # measured, or modeled (the sim: bytes over the profile's host link)
+
+
+@dataclass
 class StepRecord:
     step: int
     t: float  # seconds since the run began (simulated seconds for the sim backend)
@@ -72,10 +83,10 @@ class StepRecord:
     # swap_discarded: a KV switch made the saved state unreadable; convert_save, convert: a KV switch saved a
     # history and converted its rows to the new type, engine/kv_convert.py),
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
-    moved: list[dict[str, Any]] = field(default_factory=list)
+    moved: list[Move] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
     converted_tokens: int = 0  # kind "rebuild": cached tokens converted to the new KV type, not prefilled again
-    # kind "tune": the tuner's decision or its outcome (engine/tuner.py): phase, setting before and after,
+    # kind "tune": the tuner's decision or its outcome (engine/tune/): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
     tune: dict[str, Any] | None = None
     type: str = "step"
@@ -88,6 +99,7 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
     d = dict(d)
     d.pop("type", None)
     d["agents"] = [AgentView(**a) for a in d.get("agents", [])]
+    d["moved"] = [Move(**m) for m in d.get("moved", [])]
     return StepRecord(**d)
 
 

@@ -15,10 +15,11 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, batch_cap: int, kv_budget_tokens: int, chunk_tokens: int) -> None:
-        self.batch_cap = batch_cap
-        self.kv_budget_tokens = kv_budget_tokens
+    def __init__(self, chunk_tokens: int) -> None:
         self.chunk_tokens = chunk_tokens
+        # the engine's settings for the step being planned, passed in with it (the engine holds them)
+        self.batch_cap = 0
+        self.kv_budget_tokens = 0
         self._last_kind = "decode"
 
     @staticmethod
@@ -31,7 +32,8 @@ class Scheduler:
         until its tool returns), then the longest history."""
         return (a.state is AgentState.TOOL, a.context, a.id)
 
-    def schedule(self, agents: list[Agent], step: int) -> Plan:
+    def schedule(self, agents: list[Agent], step: int, batch_cap: int, kv_budget_tokens: int) -> Plan:
+        self.batch_cap, self.kv_budget_tokens = batch_cap, kv_budget_tokens
         used = self.used_tokens(agents)
         self._readmit(agents, used)
         ready = [a for a in agents if a.state is AgentState.DECODE]

@@ -86,6 +86,16 @@ class SimBackend:
     def close(self) -> None:
         self._len = {}
 
+    # a shadow of a running swarm (Engine.fork): its caches as they stand, without prefilling them
+    def adopt_cached(self, seq: int, tokens: int) -> None:
+        """Sequence `seq` holds `tokens` cells, as the swarm's own cache does."""
+        self._len[seq] = tokens
+
+    def saved_stand_in(self, kv: str, tokens: int) -> _SavedSeq:
+        """A history of `tokens` swapped out to host memory at type `kv`, as `save_seq` would leave it."""
+        bm = self.profile.bytes_model
+        return _SavedSeq(tokens, int(bm.kv_cache_bytes(kv, tokens) + bm.state_bytes), kv)
+
     @contextmanager
     def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
         """A second, temporary cache, as on the real backend: the live one is back as it was after."""
@@ -171,7 +181,7 @@ class SimBackend:
             raise NoKVSlot()  # the whole batch is refused, as llama_decode refuses it
         for s in seqs:
             self._grow(s, 1)
-        contexts = [pos + 1 for pos in positions]
+        contexts = [float(pos + 1) for pos in positions]
         return [self._sample(s) for s in seqs], self.step_seconds(len(seqs), total, contexts=contexts)
 
     def drop(self, seq: int) -> None:

@@ -209,7 +209,8 @@ def write_png(result: SweepResult, path: Path) -> None:
         ax.plot(xs, [r.predicted_speedup for r in rows], "--", color=line.get_color(), alpha=0.6,
                 label=f"B={b} {formula} (modeled)")
         if not bm.is_dense and rows[0].dense_formula_speedup is not None:
-            ax.plot(xs, [r.dense_formula_speedup for r in rows], "-.", color="grey", alpha=0.5,
+            dense = [math.nan if r.dense_formula_speedup is None else r.dense_formula_speedup for r in rows]
+            ax.plot(xs, dense, "-.", color="grey", alpha=0.5,
                     label=f"B={b} dense formula (modeled)")
         if rows[0].calibrated_speedup is not None:
             cal = [r.calibrated_speedup if r.calibrated_speedup is not None else float("nan") for r in rows]

@@ -31,6 +31,8 @@ TASKS = (
 )
 
 
+TAIL_CHARS = 48  # the tail of its text an agent shows
+
 class AgentState(Enum):
     PREFILL = "prefilling"  # has tokens waiting to be ingested
     DECODE = "decoding"  # ready to generate (it shows as "waiting" when a step leaves it out)
@@ -152,6 +154,14 @@ class Workload:
         span = self.tool_tokens * 5
         start = r.randrange(0, max(1, len(text) - span))
         return f"$ sed -n ... {path.name}\n" + text[start : start + span]
+
+    def turn_limit(self, agent: Agent) -> int:
+        return self.gen_tokens
+
+    def on_token(self, agent: Agent, token: int, piece: str) -> None:
+        """A generated token's text: the turn's answer (the next message) and the tail on screen."""
+        agent.turn_text += piece
+        agent.tail = (agent.tail + piece)[-TAIL_CHARS:]
 
     def tool_latency(self, agent: Agent) -> float:
         """Seconds this turn's tool call takes: lognormal around the median, drawn from the seed."""

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swarmtune.cli import build_parser, make_engine
 from swarmtune.engine.sources.live import LiveSource
+from swarmtune.factories import make_engine
+from swarmtune.parsing import build_parser
 from swarmtune.tui.app import SwarmApp
 
 HERE = Path(__file__).resolve().parent

@@ -6,17 +6,36 @@ from pathlib import Path
 
 import pytest
 
-# Every engine in the tests (and every CLI they start) checks after each step that each agent's cache
-# holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
-os.environ["SWARMTUNE_CHECK"] = "1"
-
+import swarmtune.engine
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
 
+# Every engine in the tests (and every CLI they start) checks after each step that each agent's cache
+# holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
+os.environ["SWARMTUNE_CHECK"] = "1"
+
 ROOT = Path(__file__).resolve().parent.parent
+
 SIM = "rx9070xt-qwen3.5-9b"
+# a test that takes one of these runs the real default model: the fast lane (-m "not model") leaves it out
+MODEL_FIXTURES = {"model_path", "llama_backend", "fresh"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The tests run this checkout or nothing: an installed copy would be tested instead, and an edit to the
+    working tree would change nothing."""
+    here = Path(swarmtune.engine.__file__).resolve().parent
+    if here != ROOT / "engine":
+        pytest.exit(f"these tests would run the swarmtune installed at {here}, not this checkout: run "
+                    f"pip install -e '.[test]' in {ROOT}", returncode=4)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ import tiny_gguf as tg
 from conftest import ROOT
 
 from swarmtune.engine.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.control import Control
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.llama_backend import caches_from_log
 from swarmtune.engine.model_facts import read_model_facts
@@ -286,7 +287,7 @@ def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
         for _ in range(40):
             e.step()
         assert max(a.context for a in e.agents) > 64  # past the tiny models' window
-        e.request(kv="q8_0")
+        e.request(Control(kv="q8_0"))
         assert e.step().kind == "rebuild"
         for _ in range(10):
             e.step()  # each step checks every cache

@@ -2,6 +2,7 @@
 
 import pytest
 
+from swarmtune.engine.control import Control
 from tests.conftest import SIM, run_cli
 
 
@@ -69,6 +70,6 @@ def test_one_message_wherever_a_bad_value_comes_from(sim_engine, tmp_path):
 
     flag = run_cli("record", "--sim", SIM, "--agents", "300", "-o", str(tmp_path / "x.jsonl"))
     with pytest.raises(UserError) as typed:
-        sim_engine.request(agents=300)
+        sim_engine.request(Control(agents=300))
     assert flag.stderr.strip() == f"swarmtune: {typed.value}"
     assert typed.value.field == "agents"

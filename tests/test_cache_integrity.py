@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from swarmtune.engine.backend import CacheMismatch
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.workload import AgentState
 
@@ -67,7 +68,7 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
     before = {a.id: a.context for a in e.agents}
     assert all(before.values())
     for kv in ("q8_0", "f16"):
-        e.request(kv=kv)
+        e.request(Control(kv=kv))
         r = e.step()
         assert r.kind == "rebuild" and r.kv_type == kv
         # the rebuild re-prefilled every history, and nothing else touched the caches
@@ -85,12 +86,12 @@ def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backe
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 30)
     for kv in ("q8_0", "f16", "q8_0"):
-        e.request(kv=kv)
+        e.request(Control(kv=kv))
         r = e.step()
         assert r.kind == "rebuild" and r.kv_type == kv
         held = sum(a.context for a in e.agents if a.context)
         assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
-        assert "converted" in r.note and {m["op"] for m in r.moved} >= {"convert", "convert_save"}
+        assert "converted" in r.note and {m.op for m in r.moved} >= {"convert", "convert_save"}
         assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)
@@ -100,17 +101,17 @@ def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backe
 def test_cap_change_and_agents_added_and_removed(llama_backend, fresh):
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 20)
-    e.request(batch_cap=2)
+    e.request(Control(batch_cap=2))
     _run(e, 10)
     assert all(r <= 2 for r in [e.step().batch for _ in range(6)])
     assert_each_agent_continues_its_own_text(e, fresh)
-    e.request(agents=6)  # more agents than streams: the context is rebuilt with room for them
+    e.request(Control(agents=6))  # more agents than streams: the context is rebuilt with room for them
     r = e.step()
     assert r.kind == "rebuild" and e.backend.n_seqs >= 6
     _run(e, 30)
     assert len(e.agents) == 6 and all(a.context > 0 for a in e.agents)
     assert_each_agent_continues_its_own_text(e, fresh)
-    e.request(agents=3)
+    e.request(Control(agents=3))
     _run(e, 10)
     assert len(e.agents) == 3
     assert_each_agent_continues_its_own_text(e, fresh)

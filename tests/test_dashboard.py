@@ -143,8 +143,9 @@ async def test_quit_mid_rebuild_on_the_real_model(llama_backend):
         assert await _quit_seconds(app, pilot) < 0.5
 
 
+@pytest.mark.slow
 async def test_tuner_and_residency_controls_and_its_decisions_on_screen():
-    from swarmtune.engine.tuner import Goal, Tuner
+    from swarmtune.engine.tune import Goal, Tuner
 
     p = profile(SIM)
     s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes, seed=1,

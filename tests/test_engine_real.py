@@ -5,6 +5,7 @@ import json
 import pytest
 
 from swarmtune.engine.backend import NoKVSlot
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.probe import time_decode
 from tests.conftest import run_cli
@@ -59,9 +60,9 @@ def test_kv_switch_and_budget_on_the_real_model(llama_backend):
     for _ in range(200):
         r = e.step()
         preempted = preempted or bool(r.preempted)
-        assert sum(a.context for a in r.agents) <= e.scheduler.kv_budget_tokens
+        assert sum(a.context for a in r.agents) <= e.budget_tokens(e.s.kv)
     assert preempted
-    e.request(kv="q8_0")
+    e.request(Control(kv="q8_0"))
     r = e.step()
     assert r.kind == "rebuild" and r.kv_type == "q8_0"
     assert llama_backend.kv_buffer_bytes == pytest.approx(4 * 512 * 12240, abs=0.006 * 2**20)

@@ -48,6 +48,7 @@ def cpu_check(tmp_path_factory):
     return p, out, work
 
 
+@pytest.mark.slow
 def test_cpu_path_runs_end_to_end(cpu_check):
     p, out, _ = cpu_check
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -66,6 +67,7 @@ def test_cpu_path_runs_end_to_end(cpu_check):
     assert "| 64 |" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_written_model_reads_back_the_intended_shape(cpu_check, capsys):
     p, _, work = cpu_check
     assert p.returncode == 0

@@ -11,12 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _lay_out(dest: Path) -> Path:
-    """The folders as the wheel installs them (pyproject's package-dir): cli/ -> swarmtune/, and so on."""
+    """The package as the wheel installs it: swarmtune/ with its links to engine/ and tui/ followed."""
     pkg = dest / "swarmtune"
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "cli", pkg, ignore=ignore)
-    shutil.copytree(ROOT / "engine", pkg / "engine", ignore=ignore)
-    shutil.copytree(ROOT / "tui", pkg / "tui", ignore=ignore)
+    shutil.copytree(ROOT / "swarmtune", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     return pkg
 
 

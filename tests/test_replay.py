@@ -2,6 +2,7 @@
 
 import pytest
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import read_recording
 from swarmtune.engine.sources.replay import ReplaySource
@@ -40,7 +41,7 @@ async def test_replay_controls(recording):
         assert src.speed == 4
         assert app.check_action("cycle_kv", ()) is False  # a replay has no engine controls
         with pytest.raises(UserError, match="read-only"):
-            src.request(kv="q8_0")
+            src.request(Control(kv="q8_0"))
         await pilot.press("k")  # not a replay key: no engine control is offered
         assert app.stats.latest.kv_type == "f16"
         assert app.stop_engine()

@@ -9,6 +9,7 @@ import collections
 import numpy as np
 import pytest
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.profiles import profile
@@ -69,15 +70,15 @@ def test_residency_moves_are_recorded_with_their_cost(residency):
     e = _sim(residency)
     recs = _run_until(e, 120)
     moves = [m for r in recs for m in r.moved]
-    ops = collections.Counter(m["op"] for m in moves)
+    ops = collections.Counter(m.op for m in moves)
     if residency == "swap":
         assert ops["swap_out"] and ops["swap_in"]
         for m in moves:
-            if m["op"] in ("swap_out", "swap_in"):
-                assert m["bytes"] > 0 and m["seconds"] > 0 and m["source"] == "modeled"
+            if m.op in ("swap_out", "swap_in"):
+                assert m.bytes > 0 and m.seconds > 0 and m.source == "modeled"
         # the host link is the profile's: seconds = bytes / bandwidth
         link = profile(SIM).host_link_bytes_per_s
-        assert all(abs(m["seconds"] - m["bytes"] / link) < 1e-9 for m in moves if m["op"] == "swap_out")
+        assert all(abs(m.seconds - m.bytes / link) < 1e-9 for m in moves if m.op == "swap_out")
         views = [v for r in recs for v in r.agents if v.residency == "host"]
         assert views and all(v.state == "tool" for v in views)
     else:
@@ -91,7 +92,7 @@ def test_a_kv_switch_with_agents_swapped_out_keeps_every_cache_consistent():
     e = _sim("swap")
     _run_until(e, 60)
     assert any(a.residency is Residency.HOST for a in e.agents) or _run_until(e, 120)
-    e.request(kv="q8_0")
+    e.request(Control(kv="q8_0"))
     _run_until(e, e.now_s() + 60)  # the check runs after every step
     assert e.s.kv == "q8_0"
 
@@ -139,12 +140,12 @@ def test_real_engine_with_tool_waits_continues_each_agents_own_text(llama_backen
     returned: set[int] = set()
     for _ in range(3000):
         r = e.step()
-        returned |= {m["agent"] for m in r.moved if m["op"] == back_op}
+        returned |= {m.agent for m in r.moved if m.op == back_op}
         ready = [a for a in e.agents if a.id in returned and a.state is AgentState.DECODE and a.next_token is not None]
         if ready and min(a.context for a in ready) > 100:
             break
     else:
         pytest.fail(f"no agent came back from {residency} and decoded")
     moves = [m for m in r.moved]
-    assert all(m["source"] == "measured" for m in moves if m["op"].startswith("swap"))
+    assert all(m.source == "measured" for m in moves if m.op.startswith("swap"))
     assert assert_each_agent_continues_its_own_text(e, fresh, most=4) >= 1

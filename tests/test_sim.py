@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.profiles import PROFILES, profile
@@ -87,7 +88,7 @@ def test_kv_budget_preempts_the_longest_and_requeues_it(sim_engine):
     for _ in range(6000):
         r = sim_engine.step()
         used = sum(a.context for a in r.agents)
-        assert used <= sim_engine.scheduler.kv_budget_tokens
+        assert used <= sim_engine.budget_tokens(sim_engine.s.kv)
         preempted.update(r.preempted)
     assert preempted  # 8 agents x 16k tokens do not fit the seed card's 55k-token budget
     # requeued agents come back and generate again
@@ -99,7 +100,7 @@ def test_kv_switch_rebuilds_and_reprefills(sim_engine):
     for _ in range(200):
         sim_engine.step()
     live = sum(a.context for a in sim_engine.agents)
-    state = sim_engine.request(kv="q8_0")
+    state = sim_engine.request(Control(kv="q8_0"))
     assert state.kv == "q8_0"
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.kv_type == "q8_0" and r.tokens >= live - 8 and r.seconds > 0
@@ -112,11 +113,11 @@ def test_kv_switch_converts_the_cached_rows_at_a_modeled_cost(sim_engine):
     for _ in range(200):
         sim_engine.step()
     live = sum(a.context for a in sim_engine.agents if a.residency.value == "cache")
-    sim_engine.request(kv="q8_0")
+    sim_engine.request(Control(kv="q8_0"))
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.tokens == 0 and r.converted_tokens == live > 0
-    converts = [m for m in r.moved if m["op"] == "convert"]
-    assert converts and all(m["source"] == "modeled" and m["seconds"] > 0 for m in converts)
+    converts = [m for m in r.moved if m.op == "convert"]
+    assert converts and all(m.source == "modeled" and m.seconds > 0 for m in converts)
     assert r.residency_seconds > 0 and "converted" in r.note
     sim_engine.check_caches()
     for _ in range(20):
@@ -134,7 +135,7 @@ def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatc
         real_open(kv, n, ctx)
 
     monkeypatch.setattr(sim_engine.backend, "open", picky_open)
-    sim_engine.request(kv="q4_0")
+    sim_engine.request(Control(kv="q4_0"))
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.kv_type == "f16" and "q4_0 refused" in r.note
     assert sim_engine.state().kv == "f16"
@@ -146,13 +147,13 @@ def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatc
 def test_controls_validate_and_leave_the_engine_alone(sim_engine):
     sim_engine.step()
     with pytest.raises(UserError):
-        sim_engine.request(batch_cap=0)
+        sim_engine.request(Control(batch_cap=0))
     with pytest.raises(UserError):
-        sim_engine.request(batch_cap=99)
+        sim_engine.request(Control(batch_cap=99))
     with pytest.raises(UserError):
-        sim_engine.request(kv="fp8")
+        sim_engine.request(Control(kv="fp8"))
     assert sim_engine.state().batch_cap == 8 and sim_engine.state().kv == "f16"
-    sim_engine.request(batch_cap=3)
+    sim_engine.request(Control(batch_cap=3))
     r = sim_engine.step()
     assert r.batch_cap == 3
 
@@ -160,10 +161,10 @@ def test_controls_validate_and_leave_the_engine_alone(sim_engine):
 def test_adding_agents_beyond_the_streams_rebuilds(sim_engine):
     for _ in range(50):
         sim_engine.step()
-    sim_engine.request(agents=10)
+    sim_engine.request(Control(agents=10))
     r = sim_engine.step()
     assert r.kind == "rebuild" and len(r.agents) == 10
-    sim_engine.request(agents=4)
+    sim_engine.request(Control(agents=4))
     r = sim_engine.step()
     assert len(r.agents) == 4
 
@@ -202,7 +203,7 @@ def test_sim_kv_switch_keeps_every_cache():
     for _ in range(200):
         e.step()
     held = {a.id: a.context for a in e.agents}
-    e.request(kv="q8_0")
+    e.request(Control(kv="q8_0"))
     r = e.step()
     # every history comes back (with the token each had sampled, and any tool result still pending)
     # (converted in place: engine/kv_convert.py; none prefilled again)

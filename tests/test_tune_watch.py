@@ -7,8 +7,8 @@ from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.tune_watch import MIN_STEPS, Watch, verdict
-from swarmtune.engine.tuner import Goal, Tally, Tuner
+from swarmtune.engine.tune import Goal, Tally, Tuner
+from swarmtune.engine.tune.watch import MIN_STEPS, Watch, verdict
 from tests.conftest import SIM
 
 
@@ -72,6 +72,7 @@ class _MisledTuner(Tuner):
         return _Optimistic(engine.backend.profile)
 
 
+@pytest.mark.slow
 def test_it_reverts_a_switch_that_measures_worse_and_does_not_try_it_again():
     p = profile(SIM)
     s = EngineSettings(agents=8, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=p.kv_budget_bytes, seed=1,

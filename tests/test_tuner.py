@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.tuner import Goal, Setting, SpanTally, Tuner, parse_objective
+from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from tests.conftest import SIM, run_cli
 
 # short horizons keep the tests quick; the bench uses the defaults
@@ -35,6 +36,7 @@ def _run(e: Engine, seconds: float) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_allowed_a_smaller_kv_it_switches_and_says_why():
     e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
     recs = _run(e, 300)  # its first move waits for a gain past the margin and its error: contexts must grow
@@ -66,6 +68,7 @@ def test_allowed_a_smaller_kv_it_switches_and_says_why():
             assert FAST["dwell_s"] - FAST["epoch_s"] <= outcome.tune["span_s"] <= nxt.t - r.t
 
 
+@pytest.mark.slow
 def test_it_never_uses_a_kv_type_it_was_not_allowed():
     e = _engine(Goal(**FAST))  # allowed_kv () means the run's own only
     recs = _run(e, 150)
@@ -73,6 +76,7 @@ def test_it_never_uses_a_kv_type_it_was_not_allowed():
     assert all(r.tune["to"]["kv"] == "f16" for r in recs if r.kind == "tune")
 
 
+@pytest.mark.slow
 def test_hysteresis_it_holds_still_when_nothing_changes():
     """No budget pressure and no tool waits: every setting's forecast is steady. It changes at most once
     (the cap up to all agents, if not there) and never goes back."""
@@ -82,6 +86,7 @@ def test_hysteresis_it_holds_still_when_nothing_changes():
     assert len(decided) <= 1, [d["why"] for d in decided]
 
 
+@pytest.mark.slow
 def test_it_never_flips_back_within_a_dwell_and_never_oscillates():
     e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
     recs = _run(e, 300)
@@ -96,7 +101,7 @@ def test_it_never_flips_back_within_a_dwell_and_never_oscillates():
 def test_turned_off_it_decides_nothing_and_an_engine_without_one_refuses():
     e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
     assert e.state().autotune is True
-    e.request(autotune=False)
+    e.request(Control(autotune=False))
     recs = _run(e, 150)
     assert not any(r.kind == "tune" for r in recs)
     assert e.state().autotune is False
@@ -104,7 +109,7 @@ def test_turned_off_it_decides_nothing_and_an_engine_without_one_refuses():
     plain = Engine(SimBackend(p), EngineSettings())
     assert plain.state().autotune is None
     with pytest.raises(UserError, match="no tuner"):
-        plain.request(autotune=True)
+        plain.request(Control(autotune=True))
 
 
 @pytest.mark.parametrize("bad", ["speed", "floor", "floor:-1", "floor:x", "tokens_per_s:3"])
@@ -114,7 +119,7 @@ def test_a_bad_objective_is_one_line(bad):
 
 
 def test_floor_objective_scores_below_the_floor_as_infeasible():
-    from swarmtune.engine.tuner import Tally
+    from swarmtune.engine.tune import Tally
 
     t = Tally(tokens=100, seconds=10.0, per_agent={0: 90, 1: 10})
     assert t.score(Goal(objective="tokens_per_s"), 2) == pytest.approx(10.0)
@@ -205,6 +210,7 @@ def test_the_stated_error_is_of_the_same_span_or_a_shorter_one_never_a_longer():
     assert tuner.stated_error(0) == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 def test_its_outcomes_agree_with_its_forecasts_within_the_error_it_states():
     """The bar: on the simulated card, with 5 s tool waits, each outcome measured over the horizon (or up
     to the next decision) against the forecast of staying lands within twice the rms error of the
@@ -239,6 +245,7 @@ def test_a_run_that_ends_before_the_horizon_still_measures_its_last_decision():
     assert e.tuner.outcome_now(e) is None  # said once
 
 
+@pytest.mark.slow
 def test_a_forecast_of_staying_is_never_checked_against_a_setting_it_did_not_forecast():
     e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
     decided = False

@@ -5,9 +5,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from swarmtune.engine.records import StepRecord
+from swarmtune.engine.rolling import RollingRate
 
 HISTORY = 240
-WINDOW_S = 5.0
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Stats:
     steps: int = 0
     batch_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (step, batch, cap, waiting)
     measured_points: deque = field(default_factory=lambda: deque(maxlen=400))  # (mean context, speedup, batch)
-    window: deque = field(default_factory=deque)  # (t, tokens decoded, steps)
+    rate: RollingRate = field(default_factory=RollingRate)
     agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
     joules: float = 0.0
     energy_tokens: int = 0
@@ -34,10 +34,7 @@ class Stats:
         self.latest = r
         self.steps += 1
         t = r.t
-        decoded = r.tokens if r.kind == "decode" else 0
-        self.window.append((t, decoded))
-        while self.window and t - self.window[0][0] > WINDOW_S:
-            self.window.popleft()
+        self.rate.add(r)
         waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
         at_tool = sum(1 for a in r.agents if a.state == "tool")
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is
@@ -56,17 +53,11 @@ class Stats:
 
     @property
     def tokens_per_second(self) -> float:
-        if len(self.window) < 2:
-            return 0.0
-        span = self.window[-1][0] - self.window[0][0]
-        return sum(x[1] for x in list(self.window)[1:]) / span if span > 0 else 0.0
+        return self.rate.tokens_per_second
 
     @property
     def steps_per_second(self) -> float:
-        if len(self.window) < 2:
-            return 0.0
-        span = self.window[-1][0] - self.window[0][0]
-        return (len(self.window) - 1) / span if span > 0 else 0.0
+        return self.rate.steps_per_second
 
     def agent_tokens_per_second(self, agent_id: int) -> float:
         d = self.agent_rate.get(agent_id)

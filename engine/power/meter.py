@@ -97,3 +97,6 @@ def make_meter(choice: str, profile=None, root: str | None = None, interval_s: f
     if choice != "auto":
         raise UserError(f"power source {choice} is not available: {reasons[0].split(': ', 1)[1]}")
     return NoMeter("n/a: " + "; ".join(reasons))
+
+
+Meter = SampledMeter | ModeledMeter | NoMeter  # what an engine reads each step's power from

@@ -6,14 +6,13 @@ stuck client can never stall the engine (the client sees the gap in step indexes
 import asyncio
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.records import StepRecord
+from swarmtune.engine.rolling import RollingRate
 from swarmtune.engine.sources.live import LiveSource
 from swarmtune.engine.sources.protocol import Sink
-
-WINDOW_S = 5.0
 
 
 @dataclass(eq=False)
@@ -33,29 +32,6 @@ class Subscriber:
         self.queue.put_nowait(item)
 
 
-@dataclass
-class Rolling:
-    """Decode tokens per second over the last few seconds of engine time."""
-    window: deque = field(default_factory=deque)
-    tokens_total: int = 0
-    steps_total: int = 0
-
-    def add(self, r: StepRecord) -> None:
-        self.steps_total += 1
-        tokens = r.tokens if r.kind == "decode" else 0
-        self.tokens_total += tokens
-        self.window.append((r.t, tokens))
-        while self.window and r.t - self.window[0][0] > WINDOW_S:
-            self.window.popleft()
-
-    @property
-    def tokens_per_second(self) -> float:
-        if len(self.window) < 2:
-            return 0.0
-        span = self.window[-1][0] - self.window[0][0]
-        return sum(t for _, t in list(self.window)[1:]) / span if span > 0 else 0.0
-
-
 class EngineRunner:
     def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True) -> None:
         self.engine = engine
@@ -65,7 +41,7 @@ class EngineRunner:
         self.latest: StepRecord | None = None
         self.latest_decode: StepRecord | None = None
         self.header: dict = {}
-        self.rolling = Rolling()
+        self.rolling = RollingRate()
         self.queue_size = queue_size
         self.error: str | None = None
         self.ready = threading.Event()

@@ -10,13 +10,14 @@ import ipaddress
 import json
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 import swarmtune
+from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.server.metrics import make_registry
@@ -102,7 +103,7 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
     async def info() -> dict:
         await asyncio.to_thread(runner.ready.wait, 120)
         if runner.error and not runner.header:
-            return JSONResponse({"detail": runner.error}, status_code=503)
+            raise HTTPException(status_code=503, detail=runner.error)
         return runner.header
 
     @app.get("/v1/state", summary="the latest step record and the settings in force")
@@ -156,9 +157,8 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
     async def control(body: ControlBody):
         st = runner.engine.state()
         try:  # validated by the engine, in one place: the same line as from a flag, a key or a typed command
-            if any(v is not None for v in (body.batch_cap, body.kv_type, body.agents, body.residency, body.autotune)):
-                st = runner.engine.request(batch_cap=body.batch_cap, kv=body.kv_type, agents=body.agents,
-                                           residency=body.residency, autotune=body.autotune)
+            if c := Control.from_http(body.model_dump(exclude={"paused"})):
+                st = runner.engine.request(c)
         except UserError as e:
             return _invalid(e.field or "body", str(e))
         if body.paused is not None:

@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 import httpx
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.sources.backoff import Backoff
@@ -27,8 +28,7 @@ class ForeignSource:
     def header(self) -> dict:
         return self.poller.header()
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None,
-                agents: int | None = None) -> EngineState:
+    def request(self, c: Control) -> EngineState:
         raise UserError(f"read-only: {self.poller.engine} is attached for viewing; its settings are its own")
 
     def state(self) -> EngineState:

@@ -35,7 +35,7 @@ def drive(next_record: Callable[[], StepRecord | Seeked | None], sink: Sink, can
     try:
         while not cancelled():
             rec = None if paused() else next_record()
-            if rec is SEEKED:
+            if isinstance(rec, Seeked):
                 buf = []
                 continue
             if rec is None:

@@ -3,6 +3,7 @@ pace (unless the consumer wants the engine's full rate)."""
 
 from collections.abc import Callable
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineState
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.sources.driver import drive
@@ -22,9 +23,8 @@ class LiveSource:
     def header(self) -> dict:
         return self.engine.header()
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
-                residency: str | None = None, autotune: bool | None = None) -> EngineState:
-        return self.engine.request(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency, autotune=autotune)
+    def request(self, c: Control) -> EngineState:
+        return self.engine.request(c)
 
     def state(self) -> EngineState:
         return self.engine.state()

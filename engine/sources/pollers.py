@@ -61,7 +61,7 @@ class StepTiming:
         self.batch_sizes.add(batch)
         self.calibration.refit()
 
-    def speedup(self, batch: int, context_tokens: float) -> tuple[float | None, list[float] | None]:
+    def speedup(self, batch: int, context_tokens: float) -> tuple[float | None, dict | None]:
         """(calibrated speedup, fit) once two batch sizes were timed: with one, the fixed and per-agent
         costs cannot be told apart, and the speedup would be an artefact of the solver."""
         fit = self.calibration.fit
@@ -92,6 +92,10 @@ class ForeignPoller:
         self.t0: float | None = None
         self._last_t: float | None = None
         self.timing = StepTiming()
+
+    def poll(self) -> StepRecord:
+        """One record of what the engine did since the last poll."""
+        raise NotImplementedError
 
     def header(self) -> dict:
         kv = {"remote": self.k} if self.k else {}

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import EngineState
 from swarmtune.engine.records import StepRecord
 
@@ -43,8 +44,7 @@ class Source(Protocol):
 
     def state(self) -> EngineState: ...
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
-                residency: str | None = None, autotune: bool | None = None) -> EngineState:
+    def request(self, c: Control) -> EngineState:
         """Change settings; raises UserError (one line) when the value or the source refuses it."""
 
     def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import httpx
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
@@ -37,16 +38,14 @@ class RemoteSource:
 
     @paused.setter
     def paused(self, value: bool) -> None:
-        self._control(paused=value)
+        self._control(Control(), paused=value)
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None, agents: int | None = None,
-                residency: str | None = None, autotune: bool | None = None) -> EngineState:
-        return self._control(batch_cap=batch_cap, kv=kv, agents=agents, residency=residency, autotune=autotune)
+    def request(self, c: Control) -> EngineState:
+        return self._control(c)
 
-    def _control(self, paused: bool | None = None, **kw) -> EngineState:
+    def _control(self, c: Control, paused: bool | None = None) -> EngineState:
         try:
-            s = self.client.control(batch_cap=kw.get("batch_cap"), kv_type=kw.get("kv"), agents=kw.get("agents"),
-                                    residency=kw.get("residency"), autotune=kw.get("autotune"), paused=paused)
+            s = self.client.control(**c.to_http(), paused=paused)
         except httpx.HTTPError as e:
             raise UserError(f"the remote engine did not answer: {e}") from None
         self._paused = s["paused"]

@@ -3,6 +3,7 @@
 import threading
 from collections.abc import Callable
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.engine import EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.pacing import Pacer
@@ -40,8 +41,7 @@ class ReplaySource:
     def header(self) -> dict:
         return self.rec.header
 
-    def request(self, batch_cap: int | None = None, kv: str | None = None,
-                agents: int | None = None) -> EngineState:
+    def request(self, c: Control) -> EngineState:
         raise UserError("replay is read-only: the recording's settings cannot change")
 
     def state(self) -> EngineState:

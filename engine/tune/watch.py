@@ -11,7 +11,7 @@ normalised for its contexts. If every step takes q times what was forecast, the 
 noise of q (its standard error over the steps seen), the change is measurably worse and is reverted.
 The verdict comes as soon as it is significant, not at a fixed horizon.
 
-A KV switch is judged more closely (engine/tuner.py): decode and prefill steps keep a q each (a cache type
+A KV switch is judged more closely (engine/tune/): decode and prefill steps keep a q each (a cache type
 can be faster in one and slower in the other), the type's model is scaled by them, and the rest of the
 run is forecast again both ways, so that what a type does to the budget is counted too.
 """
@@ -53,6 +53,12 @@ class StepCost(Protocol):
     def move_seconds(self, nbytes: int) -> float: ...
 
     def corrected(self, kv: str, decode: float, prefill: float) -> tuple: ...
+
+    @property
+    def calibrated(self) -> bool:
+        """A model calibrated on this run (a real backend), whose per-type fits a measurement can correct;
+        not the sim profile, which is the card itself."""
+        ...
 
 
 @dataclass
@@ -125,9 +131,9 @@ class Watch:
             self.prefill.add(r.seconds, modeled)
         measured = r.seconds if modeled > 0 else 0.0
         for m in r.moved:
-            if m["op"] in ("swap_out", "swap_in") and m["seconds"] > 0:
-                measured += m["seconds"]
-                modeled += self.model.move_seconds(m["bytes"])
+            if m.op in ("swap_out", "swap_in") and m.seconds > 0:
+                measured += m.seconds
+                modeled += self.model.move_seconds(m.bytes)
         self.total.add(measured, modeled)
 
     @property
@@ -145,7 +151,7 @@ class Watch:
 
     def realised_gain(self) -> tuple[float, float, float] | None:
         """(gain, its upper bound, its lower bound): the forecast gain redone as if every step took q times
-        what was forecast (a change of cap or residency; a KV change is re-forecast, engine/tuner.py)."""
+        what was forecast (a change of cap or residency; a KV change is re-forecast, engine/tune/)."""
         q, se = self.q, self.q_stderr
         if q is None or se is None:
             return None

@@ -1,0 +1,34 @@
+"""A change of settings, wherever it comes from: a flag, a key, a typed command, an HTTP body, the tuner.
+Each field left None is left as it is. A new control is a field here, one check in `Engine.request`, and
+its name over HTTP where that differs."""
+
+from dataclasses import asdict, dataclass, fields
+
+# the HTTP API's names where they differ from the engine's (`kv_type` reads better beside `batch_cap` in a body)
+HTTP_NAMES = {"kv": "kv_type"}
+
+
+@dataclass(frozen=True)
+class Control:
+    batch_cap: int | None = None
+    kv: str | None = None
+    agents: int | None = None
+    residency: str | None = None
+    autotune: bool | None = None
+
+    def changes(self) -> dict[str, object]:
+        """What it changes, by the engine's names."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def __bool__(self) -> bool:
+        return bool(self.changes())
+
+    def to_http(self) -> dict[str, object]:
+        return {HTTP_NAMES.get(k, k): v for k, v in self.changes().items()}
+
+    @classmethod
+    def from_http(cls, body: dict[str, object]) -> "Control":
+        """From a body already validated field by field (the server's model): the engine's names back."""
+        back = {v: k for k, v in HTTP_NAMES.items()}
+        names = {f.name for f in fields(cls)}
+        return cls(**{back.get(k, k): v for k, v in body.items() if back.get(k, k) in names})  # type: ignore[arg-type]

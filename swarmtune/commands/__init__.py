@@ -1,0 +1,1 @@
+"""One module per command (or family of commands): each a `cmd_*(args) -> exit status`."""

@@ -1,0 +1,39 @@
+"""The dashboard's commands: `run` (a live engine), `attach` (a remote one), `replay` (a recording)."""
+
+import argparse
+
+from swarmtune.engine.errors import UserError
+from swarmtune.factories import make_engine, remote_source
+
+
+def _dashboard(source) -> int:
+    """The dashboard on a ready source (it owns the source from here and closes it)."""
+    try:
+        from swarmtune.tui.app import run_app
+    except ImportError as e:
+        source.close()
+        raise UserError(f"the dashboard needs textual ({e}); 'swarmtune record' runs headless") from None
+    return run_app(source)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from swarmtune.engine.sources.live import LiveSource
+
+    return _dashboard(LiveSource(make_engine(args)))
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    return _dashboard(remote_source(args))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from swarmtune.engine.records import read_recording
+
+    if args.speed <= 0:
+        raise UserError(f"--speed must be positive (got {args.speed})")
+    from swarmtune.engine.sources.replay import ReplaySource
+
+    rec = read_recording(args.file)  # bad files fail here, before the screen is taken
+    if not rec.steps:
+        raise UserError(f"{args.file}: the recording has no steps")
+    return _dashboard(ReplaySource(rec, args.speed))

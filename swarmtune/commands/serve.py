@@ -1,0 +1,67 @@
+"""`swarmtune serve`: the engine headless behind an HTTP API."""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from swarmtune.engine.errors import UserError
+from swarmtune.factories import make_engine
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Fail before the model loads, in one line, if the address is taken or not ours."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    import uvicorn
+
+    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.engine.server.server import is_loopback, make_app
+
+    token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        raise UserError(f"binding {args.host} (not loopback) needs a token: --token T or SWARMTUNE_TOKEN")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535 (got {args.port})")
+    _check_can_listen(args.host, args.port)
+    engine = make_engine(args)
+    runner = EngineRunner(engine)
+    app = make_app(runner, token)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            print(f"serving http://{host}:{port} (auth: {'bearer token' if token else 'none, loopback only'})",
+                  file=sys.stderr, flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it
+    # found installed: make that one a no-op, so a clean stop exits 0 rather than dying by the signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run()  # uvicorn stops cleanly on SIGINT and SIGTERM; the lifespan stops the engine
+    if not server.started:
+        runner.stop()
+        raise UserError(f"could not listen on {args.host}:{args.port}")
+    return 0

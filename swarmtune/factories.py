@@ -1,0 +1,127 @@
+"""What the commands build from their flags: a backend, an engine with its tuner, a remote source."""
+
+import argparse
+import os
+
+from swarmtune.engine.errors import UserError
+
+
+def remote_source(args: argparse.Namespace):
+    """A source for whatever engine answers at args.url."""
+    import httpx
+
+    from swarmtune.engine.sources.attached import ForeignSource
+    from swarmtune.engine.sources.pollers import LlamaServerPoller, VllmPoller, detect
+    from swarmtune.engine.sources.remote import RemoteSource
+
+    url = args.url if "://" in args.url else f"http://{args.url}"
+    token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
+    try:
+        kind = detect(url, token)
+    except httpx.HTTPError as e:
+        raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
+    if kind == "swarmtune":
+        from swarmtune.engine.sources.client import SwarmClient
+
+        client = SwarmClient(url, token)
+        try:
+            client.info()
+        except httpx.HTTPError as e:
+            raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
+        return RemoteSource(client)
+    if kind == "unknown":
+        raise UserError(f"{url} is not swarmtune serve, llama-server or vLLM (no /v1/info, /slots or vllm: metrics)")
+    w, k, bm = args.weight_bytes, args.kv_bytes_per_token, None
+    if args.gguf:
+        from swarmtune.engine.model_facts import read_model_facts
+
+        facts = read_model_facts(args.gguf)
+        w = w or facts.weight_bytes
+        k = k or facts.kv_bytes_per_token("f16")
+        if args.weight_bytes is None and args.kv_bytes_per_token is None:
+            bm = facts.bytes_model
+    poller = (LlamaServerPoller if kind == "llama-server" else VllmPoller)(url, w, k, bytes_model=bm)
+    return ForeignSource(poller)
+
+
+def make_backend(args: argparse.Namespace):
+    """The sim backend for --sim, else llama.cpp on --model (default: the embedded model)."""
+    if args.sim and args.model:
+        raise UserError("give --model or --sim, not both")
+    if args.sim:
+        from swarmtune.engine.profiles import profile
+        from swarmtune.engine.sim_backend import SimBackend
+
+        return SimBackend(profile(args.sim))
+    from swarmtune.engine.default_model import default_model_path
+    from swarmtune.engine.model_facts import read_model_facts
+
+    facts = read_model_facts(args.model or default_model_path())
+    try:
+        from swarmtune.engine.llama_backend import LlamaBackend
+    except ImportError as e:
+        raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
+    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
+                        measure_routing=True if getattr(args, "moe_routing", False) else None)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The settings flags, checked before a model loads, in the engine's own words."""
+    from swarmtune.engine.settings import check_agents, check_batch_cap, check_kv, check_residency, check_tool_latency
+
+    check_kv(args.kv)
+    check_residency(args.residency)
+    check_tool_latency(args.tool_latency, args.tool_latency_sigma)
+    check_agents(args.agents)
+    if args.batch_cap is not None:
+        check_batch_cap(min(args.batch_cap, args.agents), args.agents)
+
+
+def engine_settings(args: argparse.Namespace, backend):
+    from swarmtune.engine.settings import EngineSettings, check_default
+
+    prof = getattr(backend, "profile", None)
+    ctx = args.ctx or (prof.context_per_agent if prof else min(2048, backend.facts.n_ctx_train or 2048))
+    budget = args.kv_budget_mb * 1e6 if args.kv_budget_mb is not None else (prof.kv_budget_bytes if prof else None)
+    return EngineSettings(
+        agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
+        gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
+        reference=not args.no_reference, check=args.check or check_default(), kv_convert=not args.no_kv_convert,
+        tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
+    )
+
+
+def tuner_goal(args: argparse.Namespace):
+    from swarmtune.engine.tune import Goal, parse_allowed_kv, parse_objective
+
+    objective, floor = parse_objective(args.autotune or "tokens_per_s")
+    allowed = parse_allowed_kv(args.tune_kv) if args.tune_kv else (args.kv,)
+    if args.kv not in allowed:
+        raise UserError(f"--tune-kv {args.tune_kv} leaves out --kv {args.kv}, the type the run starts at")
+    if args.power_cap_w is not None and args.power_cap_w <= 0:
+        raise UserError(f"--power-cap-w must be positive (got {args.power_cap_w})")
+    # a run of known length plans for what is left of it (`tune` sets its default length itself)
+    return Goal(objective=objective, floor_tokens_per_s=floor, allowed_kv=allowed, power_cap_watts=args.power_cap_w,
+                run_s=getattr(args, "duration", None))
+
+
+def make_engine(args: argparse.Namespace, progress=None):
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.power.meter import ModeledMeter, make_meter
+    from swarmtune.engine.tune import Tuner
+
+    check_flags(args)
+    goal = tuner_goal(args)
+    backend = make_backend(args)
+    try:
+        settings = engine_settings(args, backend)
+        meter = make_meter(args.power, getattr(backend, "profile", None))
+        if (goal.objective == "joules_per_token" or goal.power_cap_watts) and not isinstance(meter, ModeledMeter):
+            why = meter.reason if meter.label is None else f"{meter.label} measures, but cannot forecast other settings"
+            raise UserError("the tuner forecasts power from a power model, which only the simulated profiles have "
+                            f"(--sim); here: {why}")
+        return Engine(backend, settings, progress=progress, meter=meter, tuner=Tuner(goal),
+                      autotune=args.autotune is not None)
+    except BaseException:
+        backend.close()
+        raise

@@ -1,0 +1,165 @@
+"""The command line: every subcommand's flags, parsed into what the factories and commands take. A bad
+flag ends in one line on stderr and exit status 2."""
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import swarmtune
+
+EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"swarmtune: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1 (got {v})")
+        return v
+    return parse
+
+
+def _whole(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+    return parse
+
+
+def _finite(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{name} must be a number (got {text!r})")
+        return v
+    return parse
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers (got {text!r})") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 0 (got {text!r})")
+    return out
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
+    g.add_argument("--sim", metavar="PROFILE", help="no model: simulate a hardware profile ('swarmtune profiles')")
+    # agents and the batch cap are checked with the engine's own words (engine/settings.py)
+    g.add_argument("--agents", type=_whole("--agents"), default=8)
+    g.add_argument("--batch-cap", type=_whole("--batch-cap"), default=None,
+                   help="agents per decode step (default: all)")
+    g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
+    g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
+    g.add_argument("--tool-tokens", type=_positive_int("--tool-tokens"), default=192, help="M: tool result tokens")
+    g.add_argument("--tool-latency", type=_finite("--tool-latency"), default=0.0, metavar="MEDIAN_S",
+                   help="agents wait for each tool call: lognormal latency with this median, seconds, drawn from "
+                        "the seed (default 0: the result arrives at once)")
+    g.add_argument("--tool-latency-sigma", type=_finite("--tool-latency-sigma"), default=1.0,
+                   help="the tool latency's lognormal sigma (default 1.0)")
+    g.add_argument("--residency", default="keep",
+                   help="where a waiting agent's history lives: keep (in the KV cache), swap (to host memory and "
+                        "back, no re-prefill) or drop (re-prefilled on return)")
+    g.add_argument("--autotune", metavar="OBJECTIVE", default=None,
+                   help="let the tuner hold the best batch cap, KV type and residency: tokens_per_s, "
+                        "joules_per_token, or floor:X (tokens/s with no agent below X tok/s); 't' in the dashboard")
+    g.add_argument("--tune-kv", default=None, metavar="LIST",
+                   help="KV types the tuner may use, e.g. f16,q8_0 (default: only --kv; KV precision costs "
+                        "quality, and only you may trade it)")
+    g.add_argument("--power-cap-w", type=_finite("--power-cap-w"), default=None,
+                   help="the tuner keeps mean power under this many watts (measured or modeled)")
+    g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,
+                   help="KV memory for the whole swarm (preempts beyond)")
+    g.add_argument("--threads", type=_positive_int("--threads"), default=None)
+    g.add_argument("--extra-bufts", action="store_true",
+                   help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
+    g.add_argument("--moe-routing", action="store_true",
+                   help="MoE models: count the distinct experts each decode step routes to (measured, through an "
+                        "eval callback; it cost 3-27%% of step time on a 2-core CPU, so off by default: uniform "
+                        "routing, modeled)")
+    g.add_argument("--no-kv-convert", action="store_true",
+                   help="a KV switch prefills every history again instead of converting the cached K and V")
+    g.add_argument("--no-reference", action="store_true",
+                   help="no interleaved batch-1 reference steps (then no measured speedup)")
+    g.add_argument("--check", action="store_true",
+                   help="after every step, check that each agent's cache holds exactly its history")
+    g.add_argument("--power", default="auto", help="power source: auto, or one 'swarmtune power' lists")
+
+
+def add_attach_flags(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("remote engine")
+    if required:
+        g.add_argument("url", help="e.g. http://gpu-box:8765 (swarmtune serve), :8080 (llama-server), :8000 (vLLM)")
+    else:
+        g.add_argument("--attach", dest="url", metavar="URL", default=None, help="record a remote engine instead")
+    g.add_argument("--token", default=None, help="bearer token for swarmtune serve (or SWARMTUNE_TOKEN)")
+    g.add_argument("--gguf", default=None, help="read W and k from this model file (llama-server, vLLM)")
+    g.add_argument("--weight-bytes", type=float, default=None, help="W, when the remote does not tell")
+    g.add_argument("--kv-bytes-per-token", type=float, default=None, help="k, when the remote does not tell")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="swarmtune", description="Tune an agent swarm that shares one GPU (or CPU).")
+    p.add_argument("--version", action="version", version=f"swarmtune {swarmtune.__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
+    run = sub.add_parser("run", help="the live dashboard (the default)")
+    add_engine_flags(run)
+    rec = sub.add_parser("record", help="run headless, one JSON line per step")
+    add_engine_flags(rec)
+    rec.add_argument("-o", "--output", required=True, help="recording file (JSON lines)")
+    add_attach_flags(rec, required=False)
+    lim = rec.add_mutually_exclusive_group()
+    lim.add_argument("--steps", type=_positive_int("--steps"), default=None)
+    lim.add_argument("--duration", type=_finite("--duration"), default=None, help="seconds")
+    sw = sub.add_parser("sweep", help="decode throughput over batch sizes x contexts")
+    add_engine_flags(sw)
+    sw.add_argument("--batch", type=_int_list, default=None, help="e.g. 1,2,4,8")
+    sw.add_argument("--contexts", type=_int_list, default=None, help="e.g. 64,512,2048")
+    sw.add_argument("--steps", type=_positive_int("--steps"), default=8, help="timed decode steps per point")
+    sw.add_argument("--json", dest="json_path", help="write the rows as JSON")
+    sw.add_argument("--png", dest="png_path", help="write a figure of speedup vs context")
+    sw.add_argument("--check-copy", action="store_true",
+                    help="also time separately prefilled agents at the largest point, against copied caches")
+    sv = sub.add_parser("serve", help="the engine headless behind an HTTP API")
+    add_engine_flags(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    sv.add_argument("--token", default=None, help="bearer token (or SWARMTUNE_TOKEN); required off loopback")
+    at = sub.add_parser("attach", help="the dashboard on a remote engine: swarmtune serve, llama-server or vLLM")
+    add_attach_flags(at, required=True)
+    rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
+    rp.add_argument("file")
+    rp.add_argument("--speed", type=_finite("--speed"), default=1.0, help="playback speed (2 = twice as fast)")
+    tn = sub.add_parser("tune", help="run the tuner headless; print the best setting as llama-server, vLLM and "
+                                     "ZINC flags")
+    add_engine_flags(tn)
+    tn.add_argument("--duration", type=_finite("--duration"), default=None,
+                    help="seconds of the engine's clock to tune for (simulated seconds with --sim; default 600 "
+                         "simulated, 120 real)")
+    tn.add_argument("--json", dest="json_path", default=None, help="write the result as JSON ('-': stdout)")
+    sub.add_parser("profiles", help="list the sim backend's hardware profiles")
+    pw = sub.add_parser("power", help="list the power sources: available or not, and why")
+    pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")
+    return p
