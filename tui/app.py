@@ -1,7 +1,6 @@
 """The dashboard: one screen of panels fed by a source (a live engine, a recording, a remote engine).
 The source runs in a worker thread; the UI repaints at most ~10 times a second."""
 
-import os
 import sys
 import threading
 import time
@@ -13,6 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, ProgressBar
 
+from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import whole_number
@@ -38,6 +38,11 @@ LIVE_HELP = (
 REPLAY_HELP = (
     "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
 )
+
+
+def void(_: object) -> None:
+    """A sink's callbacks return nothing; Textual's post_message says whether it queued the message."""
+
 
 
 class SwarmApp(App):
@@ -69,14 +74,12 @@ class SwarmApp(App):
         self.stats = Stats()
         self.mode = source.mode
         self._dirty = False
-        self._animate = animate  # snapshot tests freeze the source
+        self._animated = animate  # snapshot tests freeze the source
         self.engine_stopped = threading.Event()  # set once the worker has left the source for good
         self._panel_errors: set[type] = set()
         self._switch_interval_s = sys.getswitchinterval()
         self._painted: dict[type, float] = {}
         self._force_status = True  # a pause, a seek or a status change shows at once
-        self._ui_thread_id = threading.get_native_id()
-        self._ui_nice: int | None = None  # the UI thread's priority before the engine started
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -112,7 +115,7 @@ class SwarmApp(App):
         self.query_one("#command").display = False
         self.query_one("#agents-box").focus()  # not the hidden command box, which would swallow the keys
         self._main(StatusLine).update("starting...")
-        if self._animate:
+        if self._animated:
             self.run_source()
         else:
             self.engine_stopped.set()
@@ -124,12 +127,11 @@ class SwarmApp(App):
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
-        self._yield_to_engine()
         sink = Sink(
-            records=lambda recs: self.post_message(StepsArrived(recs)),
+            records=lambda recs: void(self.post_message(StepsArrived(recs))),
             header=lambda h: self.call_from_thread(self._set_header, h),
             progress=self._engine_progress,
-            seeked=lambda before: self.post_message(Seeked(before)),
+            seeked=lambda before: void(self.post_message(Seeked(before))),
             every_s=UI_INTERVAL_S,
         )
         try:
@@ -140,36 +142,12 @@ class SwarmApp(App):
             self.engine_stopped.set()
 
     def _engine_progress(self, what: str, done: int, total: int) -> None:
-        """From the engine's thread. A rebuild's re-prefill freezes every agent anyway, so the UI takes its
-        own priority back while it runs: a key (quit, above all) is then handled at once, not in the gaps."""
-        if what == "rebuild":
-            if done < total:
-                self._restore_priority()
-            else:
-                self._yield_to_engine()
         self.post_message(EngineProgress(what, done, total))
 
-    def _yield_to_engine(self) -> None:
-        """Lower the UI thread's CPU priority, from the engine's thread (already running, so it and the
-        llama.cpp threads it starts keep theirs). On a small CPU every slice the UI takes while all cores
-        decode stalls llama.cpp's threads at their next barrier; at the lowest priority the UI paints in
-        the gaps between steps instead."""
-        if not hasattr(os, "setpriority") or self._ui_nice is not None:
-            return
-        try:
-            self._ui_nice = os.getpriority(os.PRIO_PROCESS, self._ui_thread_id)
-            os.setpriority(os.PRIO_PROCESS, self._ui_thread_id, 19)
-        except OSError:
-            self._ui_nice = None
-
-    def _restore_priority(self) -> None:
-        if self._ui_nice is None:
-            return
-        try:  # raising a priority back may need privileges; then the thread stays lower (harmless)
-            os.setpriority(os.PRIO_PROCESS, self._ui_thread_id, self._ui_nice)
-        except OSError:
-            pass
-        self._ui_nice = None
+    # The UI thread keeps its priority. Lowered to the lowest (nice 19) while llama.cpp's threads decode on
+    # every core, it got almost no CPU: 7.8 s to the first full screen and 8 s for a key here
+    # (bench/first_screen.py), where at its own priority they took 1.07 s and 7 ms; and a thread lowered
+    # so cannot be raised back without privileges.
 
     def stop_engine(self, timeout_s: float = 30.0) -> bool:
         """Cancel the worker and wait until it is out of the source: freeing a llama.cpp context under a
@@ -235,6 +213,10 @@ class SwarmApp(App):
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.notify(message.error, severity="error", timeout=30)
 
+    def painted_at(self, panel: type) -> float:
+        """When a panel last painted (time.monotonic()); 0 before its first paint."""
+        return self._painted.get(panel, 0.0)
+
     def _main(self, widget_type):
         """A panel of the main screen, whichever screen (the KV picker) is on top."""
         return self.screen_stack[0].query_one(widget_type)
@@ -271,40 +253,43 @@ class SwarmApp(App):
                     self.notify(f"{panel.__name__}: {type(e).__name__}: {e}", severity="error", timeout=15)
 
     # controls: validated by the source; a refusal is a message, the engine unaffected
-    def _control(self, **kw) -> None:
+    def _control(self, c: Control) -> None:
         try:
-            st = self.source.request(**kw)
+            st = self.source.request(c)
         except UserError as e:
             self.notify(str(e), severity="error")
             return
         tuner = "" if st.autotune is None else f", tuner {'on' if st.autotune else 'off'}"
         self.notify(f"KV {st.kv}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}",
                     timeout=3)
+        # the setting shows at once, not at the next paint: a key's effect is what the user waits for
+        self._dirty = self._force_status = True
+        self.refresh_panels()
 
     def action_cycle_kv(self) -> None:
         cur = self.source.state().kv
         nxt = KV_CYCLE[(KV_CYCLE.index(cur) + 1) % len(KV_CYCLE)] if cur in KV_CYCLE else KV_CYCLE[0]
-        self._control(kv=nxt)
+        self._control(Control(kv=nxt))
 
     def action_pick_kv(self) -> None:
         def picked(kv: str | None) -> None:
             if kv is not None and kv != self.source.state().kv:
-                self._control(kv=kv)
+                self._control(Control(kv=kv))
 
         self.push_screen(KVPicker(self.source.state().kv, self.stats.header.get("kv_bytes_per_token", {})), picked)
 
     def action_cap(self, delta: int) -> None:
-        self._control(batch_cap=self.source.state().batch_cap + delta)
+        self._control(Control(batch_cap=self.source.state().batch_cap + delta))
 
     def action_agents(self, delta: int) -> None:
-        self._control(agents=self.source.state().agents + delta)
+        self._control(Control(agents=self.source.state().agents + delta))
 
     def action_autotune(self) -> None:
         on = self.source.state().autotune
         if on is None:
             self.notify("this engine has no tuner (swarmtune run or serve have one)", severity="warning")
             return
-        self._control(autotune=not on)
+        self._control(Control(autotune=not on))
 
     def action_pause(self) -> None:
         try:
@@ -357,23 +342,23 @@ class SwarmApp(App):
             return
         what, value = parts
         if what == "kv":
-            self._control(kv=value)  # the source checks it, as it checks a flag or an HTTP body
+            self._control(Control(kv=value))  # the source checks it, as it checks a flag or an HTTP body
             return
         if what == "residency":
-            self._control(residency=value)
+            self._control(Control(residency=value))
             return
         if what == "autotune":
             if value not in ("on", "off"):
                 self.notify(f"autotune takes on or off (got {value!r})", severity="error")
                 return
-            self._control(autotune=value == "on")
+            self._control(Control(autotune=value == "on"))
             return
         try:
             n = whole_number(what, value)
         except UserError as e:
             self.notify(str(e), severity="error")
             return
-        self._control(**({"batch_cap": n} if what == "cap" else {"agents": n}))
+        self._control(Control(batch_cap=n) if what == "cap" else Control(agents=n))
 
     def _close_command(self) -> None:
         box = self.query_one("#command", Input)
@@ -388,7 +373,6 @@ class SwarmApp(App):
     def on_unmount(self) -> None:
         self.workers.cancel_all()
         sys.setswitchinterval(self._switch_interval_s)  # a process-wide setting: give it back
-        self._restore_priority()
 
 
 def run_app(source: Source) -> int:
