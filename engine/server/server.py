@@ -33,9 +33,9 @@ class ControlBody(BaseModel):
     # the same line here as from a flag, a key or a typed command
     batch_cap: int | None = Field(default=None, description="at most the number of agents",
                                   json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
-    kv_type: str | None = Field(default=None, json_schema_extra={"enum": list(KV_TYPES)})
+    kv_type: str | None = Field(default=None, json_schema_extra={"enum": [*KV_TYPES, None]})  # null: unchanged
     agents: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
-    residency: str | None = Field(default=None, json_schema_extra={"enum": list(RESIDENCY)},
+    residency: str | None = Field(default=None, json_schema_extra={"enum": [*RESIDENCY, None]},
                                   description="where a waiting agent's history lives")
     autotune: bool | None = Field(default=None, description="the tuner on or off (its objective is the server's)")
     paused: bool | None = None
