@@ -239,12 +239,7 @@ class ByteModel:
     def speedup_mixed(self, contexts: Sequence[float], kv: str,
                       distinct_experts: float | Sequence[float] | None = None) -> float:
         """Agents at their own contexts: batch throughput over the mean batch-1 throughput at those contexts."""
-        b = len(contexts)
-        if b == 0:
-            return 0.0
-        one = sum(self.weight_bytes(1) + self.state_bytes + self.kv_read_bytes(kv, c) for c in contexts) / b
-        many = self.step_bytes(kv, contexts, distinct_experts)
-        return b * one / many if many > 0 else float(b)
+        return self.step_read(kv, contexts, len(contexts), distinct_experts).speedup
 
     def private_bytes_per_token(self, kv: str, context: float) -> float:
         return self.state_bytes + self.kv_read_bytes(kv, context)
