@@ -6,15 +6,31 @@ requests are another. The scheduler, residency, the cache check, the records and
 The engine asks, for each agent:
 - `start_task`: its first prompt (`agent.pending`, to prefill) and its chat messages;
 - `turn_limit`: how many tokens this turn may generate at most;
-- `on_token`: each token it generated (its text, where the tokens go);
+- `before_step`: before each step, on the engine's thread: work that arrived since (an HTTP request)
+  is given to an agent here, and only here, so no other thread touches an agent;
+- `on_token`: each token it sampled (its text, where the tokens go); False ends the turn before it (a
+  stop sequence, a client that left);
 - `end_turn`: after a turn: what comes next and when. The source sets `agent.state` to TOOL with
   `tool_ready_at` and `tool_pending` (a wait: a tool call, or a client that has not sent its next request)
   or to PREFILL with `pending` (at once), or starts a new task;
-- `seed_sampler`: the agent's sampler, seeded as the source decides."""
+- `seed_sampler`: the agent's sampler, set as the source decides (again after a KV switch);
+- `idle`: every agent waits and none has a time to wake: wait at most this long, less if work arrives;
+- `traffic`: the shape of the turns it has seen, where they are not the engine's settings (served traffic),
+  so that the tuner's forecasts run the swarm the engine really serves."""
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from swarmtune.engine.workload import Agent
+
+
+@dataclass(frozen=True)
+class TrafficShape:
+    """What a source's turns look like (medians over its recent turns)."""
+
+    gen_tokens: int  # a reply's tokens
+    tool_tokens: int  # what a returning turn adds to its prompt
+    wait_s: float  # between a reply's end and the conversation's next turn
 
 
 class AgentSource(Protocol):
@@ -22,8 +38,14 @@ class AgentSource(Protocol):
 
     def turn_limit(self, agent: Agent) -> int: ...
 
-    def on_token(self, agent: Agent, token: int, piece: str) -> None: ...
+    def before_step(self, agents: list[Agent], now_s: float) -> None: ...
+
+    def on_token(self, agent: Agent, token: int, piece: str) -> bool: ...
 
     def end_turn(self, agent: Agent, now_s: float) -> None: ...
 
     def seed_sampler(self, agent: Agent) -> None: ...
+
+    def idle(self, seconds: float) -> None: ...
+
+    def traffic(self) -> TrafficShape | None: ...

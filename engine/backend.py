@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from swarmtune.engine.model_facts import ModelFacts
+from swarmtune.engine.sampling import SamplingParams
 
 
 class NoKVSlot(Exception):
@@ -48,7 +49,14 @@ class Backend(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
-    def seed_sampler(self, seq: int, seed: int) -> None: ...
+    def seed_sampler(self, seq: int, seed: int) -> None:
+        """seq samples as the synthetic swarm's agents do (engine/sampling.py), from this seed."""
+
+    def set_sampler(self, seq: int, params: SamplingParams) -> None:
+        """seq samples as params say, until it is set again."""
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (`piece` is their text, a split character replaced)."""
 
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         """Ingest tokens into seq's cache at pos0.. (at most max_chunk_tokens); returns seconds."""

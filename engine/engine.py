@@ -35,6 +35,7 @@ from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
 IDLE_SLICE_S = 0.05  # a real engine with every agent waiting for a tool sleeps this long per idle step
+IDLE_WAIT_S = 0.5  # with every agent waiting for its client: at most this long, woken by a request
 
 
 class TunerHook(Protocol):
@@ -275,7 +276,8 @@ class Engine:
 
     def _set_agents(self, n: int) -> None:
         while len(self.agents) > n:
-            a = max(self.agents, key=lambda x: x.id)
+            # a served agent waiting for its client goes first: one serving a request takes it with it
+            a = max(self.agents, key=lambda x: (x.state is AgentState.TOOL and x.waits_for == "client", x.id))
             self.backend.drop(a.seq)
             self.agents.remove(a)
         next_id = max((a.id for a in self.agents), default=-1) + 1
@@ -350,6 +352,10 @@ class Engine:
         rec = self._apply_controls()
         if rec is not None:
             return rec
+        self.workload.before_step(self.agents, self.now_s())  # requests that arrived go to their agents here
+        if (shape := self.workload.traffic()) is not None:  # served traffic: the forecasts run what it looks like
+            self.s.gen_tokens, self.s.tool_tokens = shape.gen_tokens, shape.tool_tokens
+            self.s.tool_latency_s = shape.wait_s
         self._wake_tools()
         plan = self.scheduler.schedule(self.agents, self.step_index, self.s.batch_cap,
                                        self.budget_tokens(self.s.kv))
@@ -419,13 +425,16 @@ class Engine:
             a.state = AgentState.PREFILL
 
     def _idle_step(self) -> StepRecord:
-        """Every agent waits for a tool: the clock runs to the first return (the sim's), or sleeps a slice."""
-        wait = max(0.0, min(a.tool_ready_at for a in self.agents if a.tool_ready_at is not None) - self.now_s())
-        if self.backend.source == "simulated":
-            return self._record("idle", [], wait, 0, [], note="every agent waits for a tool")
+        """Every agent waits for a tool or a client: the clock runs to the first return (the sim's), or the
+        engine waits a slice, less where work arrives (a request)."""
+        ready = [a.tool_ready_at for a in self.agents if a.tool_ready_at is not None]
+        note = "every agent waits for a tool" if ready else "every agent waits for its client"
+        if ready and self.backend.source == "simulated":
+            return self._record("idle", [], max(0.0, min(ready) - self.now_s()), 0, [], note=note)
+        wait = min(ready) - self.now_s() if ready else IDLE_WAIT_S
         t0 = time.perf_counter()
-        time.sleep(min(wait, IDLE_SLICE_S))
-        return self._record("idle", [], time.perf_counter() - t0, 0, [], note="every agent waits for a tool")
+        self.workload.idle(max(0.0, min(wait, IDLE_SLICE_S if ready else IDLE_WAIT_S)))
+        return self._record("idle", [], time.perf_counter() - t0, 0, [], note=note)
 
     def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         a = plan.agents[0]
@@ -439,9 +448,22 @@ class Engine:
         del a.pending[: plan.chunk]
         a.last_served_step = self.step_index
         if not a.pending:
-            a.next_token = self.backend.first_token_after_prefill(a.seq)
             a.state = AgentState.DECODE
+            self._sampled(a, self.backend.first_token_after_prefill(a.seq), seconds)
         return self._record("prefill", [a], seconds, len(chunk), preempted)
+
+    def _sampled(self, a: Agent, tok: int, seconds: float) -> None:
+        """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
+        ends before it (an end of generation, the turn's limit, the context's, or its source says so)."""
+        source = self.workload
+        if not (self.backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit):
+            a.next_token = tok
+            if source.on_token(a, tok, self.backend.piece(tok)):
+                return
+        a.next_token = None
+        source.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
+        if a.state is AgentState.TOOL:
+            self._park(a)
 
     def _reference_due(self, batch: list[Agent]) -> bool:
         return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
@@ -471,21 +493,12 @@ class Engine:
                 batch = [a for a in batch if a is not victim]
                 if not batch:
                     return self._record("decode", [], 0.0, 0, preempted, note="no KV slot")
-        backend, source = self.backend, self.workload
         for a, fed, tok in zip(batch, sent, out, strict=True):
             a.history.append(fed)
             a.generated += 1
             a.turn_generated += 1
             a.last_served_step = self.step_index
-            piece = backend.piece(tok)
-            if backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit:
-                a.next_token = None
-                source.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
-                if a.state is AgentState.TOOL:
-                    self._park(a)
-            else:
-                a.next_token = tok
-                source.on_token(a, tok, piece)
+            self._sampled(a, tok, seconds)
         rec = self._record("decode", batch, seconds, len(batch), preempted, note=note)
         rec.reference = bool(note)
         return rec
@@ -592,8 +605,8 @@ class Engine:
                     done += len(chunk)
                     self.progress("rebuild", done, total)
                 if a.state is not AgentState.TOOL:  # a waiting agent samples after its tool result
-                    a.next_token = self.backend.first_token_after_prefill(a.seq)
                     a.state = AgentState.DECODE
+                    self._sampled(a, self.backend.first_token_after_prefill(a.seq), 0.0)
         finally:
             self.backend.interrupt_with(None)
         moves_s = sum(m.seconds for m in self._moves if m.op.startswith("convert"))
@@ -675,7 +688,10 @@ class Engine:
                 state = "decoding" if a.id in self._decoding_ids else "waiting"
             else:
                 state = a.state.value
-            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value))
+            if a.state is AgentState.TOOL:
+                state = a.waits_for  # a tool call, or a client that has not sent its next request
+            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
+                                 a.label, a.reused_tokens))
         return out
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.kv_types import kv_type
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.moe_routing import RoutingCounter
+from swarmtune.engine.sampling import SamplingParams
 
 _log_lines: list[str] = []
 _log_kept = 0  # lines kept since the start (a mark for "the lines since ...")
@@ -106,6 +107,7 @@ class LlamaBackend:
         self._stack.callback(lambda: ll.llama_batch_free(self.batch))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
         self._template, self.chat_template = self._pick_template(model, facts.architecture)
         self.kv = ""
         self.n_seqs = 0
@@ -240,10 +242,16 @@ class LlamaBackend:
     def piece(self, token: int) -> str:
         p = self._pieces.get(token)
         if p is None:
-            n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, True)
-            p = self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-            self._pieces[token] = p
+            p = self._pieces[token] = self.token_bytes(token).decode("utf-8", errors="replace")
         return p
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's own bytes: part of a UTF-8 character, where a character spans tokens."""
+        b = self._bytes.get(token)
+        if b is None:
+            n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, True)
+            b = self._bytes[token] = self._piece_buf.raw[: max(n, 0)]
+        return b
 
     def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str:
         if self._template is None:
@@ -268,13 +276,28 @@ class LlamaBackend:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
     def seed_sampler(self, seq: int, seed: int) -> None:
+        self.set_sampler(seq, SamplingParams(seed=seed))
+
+    def set_sampler(self, seq: int, p: SamplingParams) -> None:
+        """seq's own chain, in llama.cpp's common order: penalties, top-k, top-p, min-p, temperature, draw."""
         old = self._samplers.pop(seq, None)
         if old is not None:
             ll.llama_sampler_free(old)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(40))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(0.8))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        add = ll.llama_sampler_chain_add
+        if p.penalised:
+            add(chain, ll.llama_sampler_init_penalties(p.penalty_last_n, 1.0, p.frequency_penalty, p.presence_penalty))
+        if p.greedy:
+            add(chain, ll.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(chain, ll.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
+            add(chain, ll.llama_sampler_init_temp(p.temperature))
+            add(chain, ll.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
         self._samplers[seq] = chain
 
     # steps

@@ -18,12 +18,16 @@ from swarmtune.engine.errors import UserError
 class AgentView:
     id: int
     context: int  # tokens in this agent's KV cache after the step
-    state: str  # decoding | waiting | prefilling | preempted | tool (waiting for a tool call to return)
+    # decoding | waiting | prefilling | preempted | tool (waiting for a tool call to return) | client (a served
+    # agent waiting for its client's next request)
+    state: str
     limit: int  # its context limit, tokens
     generated: int  # tokens it has generated since the run began
     turns: int
     tail: str  # the end of the text it is generating
     residency: str = "cache"  # where its history is: cache (KV cells) | host (swapped out) | none (dropped)
+    label: str = ""  # a served agent: its conversation's key (the request's `user`, a header, or its own)
+    reused: int | None = None  # a served agent: tokens of its last prompt whose cells were reused
 
 
 @dataclass
@@ -95,6 +99,30 @@ class StepRecord:
         return json.dumps(asdict(self), separators=(",", ":"))
 
 
+@dataclass
+class RequestRecord:
+    """One served request (an HTTP client's), written beside the step records when it ends. Times are
+    measured, in seconds; t is the engine's clock at its end."""
+
+    id: str
+    t: float
+    agent: int  # the agent that served it (-1: it never left the queue)
+    key: str  # its conversation's key
+    queue_s: float  # arrival to an agent taking it
+    prompt_tokens: int
+    cached_tokens: int  # of the prompt, the tokens whose cells were reused (kept, swapped in or copied)
+    prefilled_tokens: int  # of the prompt, the tokens prefilled for it
+    ttft_s: float | None  # arrival to its first token (None: none came)
+    completion_tokens: int
+    finish_reason: str  # stop | length | cancelled (its client left) | error
+    e2e_s: float  # arrival to its end
+    endpoint: str = ""  # chat | completions
+    type: str = "request"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
 def step_from_dict(d: dict[str, Any]) -> StepRecord:
     d = dict(d)
     d.pop("type", None)
@@ -123,7 +151,7 @@ class RecordWriter:
     def opened(self) -> bool:
         return self._fh is not None
 
-    def write(self, record: StepRecord) -> None:
+    def write(self, record: "StepRecord | RequestRecord") -> None:
         self._write(record.to_json())
 
     def _write(self, line: str) -> None:

@@ -13,6 +13,7 @@ from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.kv_types import KV_TYPES, kv_type
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.profiles import Profile
+from swarmtune.engine.sampling import SamplingParams
 
 _WORDS = (
     "def return self if else for in import from class with try except raise None True False the a "
@@ -135,6 +136,12 @@ class SimBackend:
 
     def seed_sampler(self, seq: int, seed: int) -> None:
         self._rng[seq] = random.Random(seed)
+
+    def set_sampler(self, seq: int, p: SamplingParams) -> None:
+        self._rng[seq] = random.Random(p.seed)  # a simulated model has no logits to shape: only the draw
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.piece(token).encode("utf-8")
 
     def _expect(self, seq: int, pos: int) -> None:
         # A consistent cache takes a sequence's next token at its length and nowhere else; llama.cpp

@@ -9,6 +9,7 @@ import functools
 import math
 import random
 import sysconfig
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -67,6 +68,9 @@ class Agent:
     tool_pending: list[int] = field(default_factory=list)  # the tool result, ingested once it returns
     residency: Residency = Residency.CACHE
     swapped: object | None = None  # its sequence state in host memory (the backend's opaque handle)
+    waits_for: str = "tool"  # what it waits for in TOOL: a tool call, or (a served agent) its client
+    label: str = ""  # a served agent: its conversation's key
+    reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
 
     @property
     def context(self) -> int:
@@ -158,10 +162,20 @@ class Workload:
     def turn_limit(self, agent: Agent) -> int:
         return self.gen_tokens
 
-    def on_token(self, agent: Agent, token: int, piece: str) -> None:
+    def before_step(self, agents: list[Agent], now_s: float) -> None:
+        pass  # its turns come from end_turn, on the engine's thread already
+
+    def on_token(self, agent: Agent, token: int, piece: str) -> bool:
         """A generated token's text: the turn's answer (the next message) and the tail on screen."""
         agent.turn_text += piece
         agent.tail = (agent.tail + piece)[-TAIL_CHARS:]
+        return True
+
+    def idle(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def traffic(self) -> None:
+        return None  # its shape is the engine's settings
 
     def tool_latency(self, agent: Agent) -> float:
         """Seconds this turn's tool call takes: lognormal around the median, drawn from the seed."""
