@@ -120,8 +120,13 @@ def make_engine(args: argparse.Namespace, progress=None):
             why = meter.reason if meter.label is None else f"{meter.label} measures, but cannot forecast other settings"
             raise UserError("the tuner forecasts power from a power model, which only the simulated profiles have "
                             f"(--sim); here: {why}")
+        agents = None
+        if getattr(args, "clients", False):  # the agents are the HTTP clients' conversations
+            from swarmtune.engine.served import ServedAgents
+
+            agents = ServedAgents(backend, max_queue=args.max_queue)
         return Engine(backend, settings, progress=progress, meter=meter, tuner=Tuner(goal),
-                      autotune=args.autotune is not None)
+                      autotune=args.autotune is not None, agents=agents)
     except BaseException:
         backend.close()
         raise

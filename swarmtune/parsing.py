@@ -120,12 +120,29 @@ def add_attach_flags(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--kv-bytes-per-token", type=float, default=None, help="k, when the remote does not tell")
 
 
+def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
+    g = p.add_argument_group("serving" if dashboard else "server")
+    g.add_argument("--clients", action="store_true",
+                   help="the agents are your HTTP clients: each conversation sent to the OpenAI-compatible "
+                        "/v1/chat/completions is an agent (default: the synthetic swarm)"
+                        + ("; the dashboard serves the API itself" if dashboard else ""))
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    g.add_argument("--token", default=None, help="bearer token, the clients' API key (or SWARMTUNE_TOKEN); "
+                                                 "required off loopback")
+    g.add_argument("--max-queue", type=_positive_int("--max-queue"), default=64,
+                   help="--clients: requests waiting for an agent, at most; past it, 503 with Retry-After")
+    g.add_argument("--record", dest="record_path", default=None,
+                   help="also write every step and every served request to this file (JSON lines)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="swarmtune", description="Tune an agent swarm that shares one GPU (or CPU).")
     p.add_argument("--version", action="version", version=f"swarmtune {swarmtune.__version__}")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     run = sub.add_parser("run", help="the live dashboard (the default)")
     add_engine_flags(run)
+    add_serving_flags(run, dashboard=True)
     rec = sub.add_parser("record", help="run headless, one JSON line per step")
     add_engine_flags(rec)
     rec.add_argument("-o", "--output", required=True, help="recording file (JSON lines)")
@@ -144,9 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also time separately prefilled agents at the largest point, against copied caches")
     sv = sub.add_parser("serve", help="the engine headless behind an HTTP API")
     add_engine_flags(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8765, help="0 picks a free port")
-    sv.add_argument("--token", default=None, help="bearer token (or SWARMTUNE_TOKEN); required off loopback")
+    add_serving_flags(sv, dashboard=False)
     at = sub.add_parser("attach", help="the dashboard on a remote engine: swarmtune serve, llama-server or vLLM")
     add_attach_flags(at, required=True)
     rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")

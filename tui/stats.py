@@ -36,7 +36,7 @@ class Stats:
         t = r.t
         self.rate.add(r)
         waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
-        at_tool = sum(1 for a in r.agents if a.state == "tool")
+        at_tool = sum(1 for a in r.agents if a.state in ("tool", "client"))
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is
             self.latest_decode = r
             self.batch_history.append((r.step, r.batch, r.batch_cap, waiting, at_tool))

@@ -1,8 +1,11 @@
 """Prometheus exposition: fresh metric families from the latest step at each scrape."""
 
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.served import ServedAgents, ServedRequest
 from swarmtune.engine.server.runner import EngineRunner
 
 
@@ -47,6 +50,10 @@ class EngineCollector(Collector):
             g.add_metric([r.distinct_experts_source or "modeled"], r.distinct_experts)
             yield g
         yield from gauge("swarmtune_mean_context_tokens", "the last batch's mean context", r.mean_context)
+        used = sum(a.context for a in r.agents if a.residency == "cache" and a.state != "preempted")
+        budget = run.engine.budget_tokens(r.kv_type)
+        yield from gauge("swarmtune_kv_cache_usage_ratio", "KV cells held by agents' histories over the KV budget "
+                         "(0-1)", used / budget if budget else None)
         yield from gauge("swarmtune_predicted_speedup_ratio", "bytes model speedup B(W(1)+s+K(L))/(W(B)+B(s+K(L))) "
                          "(modeled)", r.predicted_speedup)
         yield from gauge("swarmtune_calibrated_speedup_ratio", "calibrated speedup (modeled)", r.calibrated_speedup)
@@ -63,7 +70,64 @@ class EngineCollector(Collector):
             yield g
 
 
+class ServedCollector(Collector):
+    """Gauges of the served agents' queue, read at each scrape."""
+
+    def __init__(self, served: ServedAgents) -> None:
+        self.served = served
+
+    def collect(self):
+        for name, doc, value in (
+                ("swarmtune_requests_running", "requests an agent is serving", self.served.busy_agents),
+                ("swarmtune_requests_waiting", "requests queued for an agent", self.served.queued)):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            yield g
+
+
+# vLLM's buckets, so that the dashboards people chart for vLLM read these as they read its own
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                  40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                 80.0)
+REQUEST_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                     480.0, 960.0, 1920.0, 7680.0)
+
+
+def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
+    """Request-level histograms, observed as each served request ends (on the engine's thread)."""
+    ttft = Histogram("swarmtune_time_to_first_token_seconds", "arrival to the first token", registry=reg,
+                     buckets=TTFT_BUCKETS_S)
+    itl = Histogram("swarmtune_inter_token_latency_seconds", "between a request's tokens", registry=reg,
+                    buckets=ITL_BUCKETS_S)
+    queue = Histogram("swarmtune_request_queue_time_seconds", "arrival to an agent taking it", registry=reg,
+                      buckets=REQUEST_BUCKETS_S)
+    e2e = Histogram("swarmtune_e2e_request_latency_seconds", "arrival to the last token", registry=reg,
+                    buckets=REQUEST_BUCKETS_S)
+    done = Counter("swarmtune_requests", "served requests that ended", ["finish_reason"], registry=reg)
+    prompt = Counter("swarmtune_prompt_tokens", "prompt tokens of served requests", registry=reg)
+    cached = Counter("swarmtune_prompt_tokens_cached", "prompt tokens whose cells were reused", registry=reg)
+    generated = Counter("swarmtune_completion_tokens", "tokens generated for served requests", registry=reg)
+
+    def on_finish(req: ServedRequest, rec: RequestRecord) -> None:
+        if rec.ttft_s is not None:
+            ttft.observe(rec.ttft_s)
+        for gap in req.token_gaps_s:
+            itl.observe(gap)
+        queue.observe(rec.queue_s)
+        e2e.observe(rec.e2e_s)
+        done.labels(rec.finish_reason).inc()
+        prompt.inc(rec.prompt_tokens)
+        cached.inc(rec.cached_tokens)
+        generated.inc(rec.completion_tokens)
+
+    served.on_finish = on_finish
+
+
 def make_registry(runner: EngineRunner) -> CollectorRegistry:
     reg = CollectorRegistry()
     reg.register(EngineCollector(runner))
+    if runner.served is not None:
+        reg.register(ServedCollector(runner.served))
+        observe_requests(reg, runner.served)
     return reg

@@ -6,11 +6,13 @@ stuck client can never stall the engine (the client sees the gap in step indexes
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.records import RecordWriter, StepRecord
 from swarmtune.engine.rolling import RollingRate
+from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.sources.live import LiveSource
 from swarmtune.engine.sources.protocol import Sink
 
@@ -33,8 +35,13 @@ class Subscriber:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True) -> None:
+    def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True,
+                 served: ServedAgents | None = None, record_path: str | None = None) -> None:
         self.engine = engine
+        self.served = served  # the HTTP clients' agents, when the engine serves them
+        # every step and every served request, each line flushed as written
+        self.recorder = RecordWriter(record_path) if record_path else None
+        self.requests_total = 0
         # simulated time at wall-clock pace, unless a benchmark wants the engine's full rate
         self.source = LiveSource(engine, pace_sim=pace_sim)
         self.history: deque[tuple[int, str]] = deque(maxlen=history)
@@ -54,6 +61,13 @@ class EngineRunner:
         self._thread.start()
 
     @property
+    def running(self) -> bool:
+        """Its engine runs (in its own thread, or in a host's: the dashboard's)."""
+        return self._thread.is_alive() or self.hosted
+
+    hosted = False  # the engine runs in a host's thread (run_into), not the runner's own
+
+    @property
     def paused(self) -> bool:
         return self.source.paused
 
@@ -62,18 +76,49 @@ class EngineRunner:
         self.source.paused = value
 
     def _run(self) -> None:
+        self.run_into(None, self._stop.is_set)
+
+    def run_into(self, sink: Sink | None, cancelled: Callable[[], bool]) -> None:
+        """Run the engine in the calling thread: its records go to the HTTP readers and the recording, and to
+        `sink` as well (the dashboard, when it hosts the server in its own process)."""
+        def records(recs: list[StepRecord]) -> None:
+            self._publish(recs)
+            if sink is not None:
+                sink.records(recs)
+
+        def header(h: dict) -> None:
+            self._started(h)
+            if sink is not None:
+                sink.header(h)
+
+        own = Sink(records=records, header=header)
+        if sink is not None:
+            own.progress, own.every_s = sink.progress, sink.every_s
         try:
-            self.source.run(Sink(records=self._publish, header=self._started), cancelled=self._stop.is_set)
+            self.source.run(own, cancelled=lambda: cancelled() or self._stop.is_set())
         except Exception as e:  # reported through /v1/state, never a dead thread in silence
             self.error = f"{type(e).__name__}: {e}"
+            if sink is not None:
+                raise
         finally:
             self.ready.set()
 
     def _started(self, header: dict) -> None:
         self.header = header
+        if self.recorder is not None:
+            self.recorder.open(header)
         self.ready.set()
 
     def _publish(self, records: list[StepRecord]) -> None:
+        if self.recorder is not None:
+            for r in records:
+                self.recorder.write(r)
+        if self.served is not None:
+            done = self.served.drain_records()
+            self.requests_total += len(done)
+            if self.recorder is not None:
+                for q in done:
+                    self.recorder.write(q)
         for r in records:
             line = r.to_json()
             with self._lock:
@@ -93,6 +138,8 @@ class EngineRunner:
             self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self.engine.close()
+            if self.recorder is not None:
+                self.recorder.close()
 
     def subscribe(self, loop: asyncio.AbstractEventLoop) -> Subscriber:
         s = Subscriber(loop, asyncio.Queue(self.queue_size))

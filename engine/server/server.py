@@ -1,8 +1,9 @@
 """`swarmtune serve`: the engine headless behind an HTTP API (FastAPI on uvicorn).
 
 GET /v1/info, GET /v1/state, GET /v1/steps (Server-Sent Events, resumable with Last-Event-ID),
-POST /v1/control, GET /metrics (Prometheus), and the OpenAPI schema. With a token, every endpoint but
-/metrics needs `Authorization: Bearer <token>`."""
+POST /v1/control, GET /metrics (Prometheus), and the OpenAPI schema; with served agents (--clients),
+OpenAI's /v1/chat/completions, /v1/completions and /v1/models (engine/server/openai_api.py). With a
+token, every endpoint but /metrics needs `Authorization: Bearer <token>`."""
 
 import asyncio
 import hmac
@@ -15,12 +16,16 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import swarmtune
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.server.metrics import make_registry
+from swarmtune.engine.server.openai_api import add_openai_routes
+from swarmtune.engine.server.openai_schema import error_body
 from swarmtune.engine.server.runner import EngineRunner
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
@@ -77,7 +82,11 @@ class BearerAuth:
         got = dict(scope.get("headers") or []).get(b"authorization", b"")
         if hmac.compare_digest(got, self.expected):
             return await self.app(scope, receive, send)
-        resp = JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
+        # OpenAI's error shape: an OpenAI client shows its message ("detail" kept for older swarmtune clients)
+        resp = JSONResponse({"error": {"message": "missing or wrong API key: send it as 'Authorization: Bearer "
+                                                  "<token>'", "type": "invalid_request_error", "param": None,
+                                       "code": "invalid_api_key"},
+                             "detail": "missing or wrong bearer token"}, status_code=401,
                             headers={"WWW-Authenticate": "Bearer"})
         await resp(scope, receive, send)
 
@@ -86,13 +95,14 @@ def _invalid(field: str, msg: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body", field], "msg": msg, "type": "value_error"}]}, status_code=422)
 
 
-def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
+def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if not runner._thread.is_alive() and not runner.ready.is_set():
+        if not runner.running and not runner.ready.is_set():
             runner.start()
         yield
-        await asyncio.to_thread(runner.stop)
+        if not runner.hosted:  # a host (the dashboard) stops its own engine
+            await asyncio.to_thread(runner.stop)
 
     app = FastAPI(title="swarmtune", version=swarmtune.__version__, lifespan=lifespan,
                   responses={401: {"description": "missing or wrong bearer token (when the server has one)"}},
@@ -169,6 +179,16 @@ def make_app(runner: EngineRunner, token: str | None = None) -> FastAPI:
              responses={200: {"content": {"text/plain": {}}}})
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    if served is not None:
+        add_openai_routes(app, runner, served)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # an OpenAI client reads OpenAI's shape; swarmtune's own clients read "detail"
+        msg = f"no route {request.method} {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        return JSONResponse({**error_body(msg, "invalid_request_error", None, str(exc.status_code)),
+                             "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     app.add_middleware(BearerAuth, token=token)
     return app

@@ -19,7 +19,18 @@ def _dashboard(source) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from swarmtune.engine.sources.live import LiveSource
 
-    return _dashboard(LiveSource(make_engine(args)))
+    if not args.clients:
+        return _dashboard(LiveSource(make_engine(args)))
+    from swarmtune.commands.serve import checked_address
+    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.server.hosted import HostedSource
+    from swarmtune.engine.server.runner import EngineRunner
+
+    token = checked_address(args)
+    engine = make_engine(args)
+    assert isinstance(engine.workload, ServedAgents)
+    runner = EngineRunner(engine, served=engine.workload, record_path=args.record_path)
+    return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:

@@ -27,13 +27,9 @@ def _check_can_listen(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import threading
-
-    import uvicorn
-
-    from swarmtune.engine.server.runner import EngineRunner
-    from swarmtune.engine.server.server import is_loopback, make_app
+def checked_address(args: argparse.Namespace) -> str | None:
+    """The token, once the address is one we may and can listen on (before the model loads)."""
+    from swarmtune.engine.server.server import is_loopback
 
     token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -41,9 +37,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535 (got {args.port})")
     _check_can_listen(args.host, args.port)
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    import uvicorn
+
+    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.engine.server.server import make_app
+
+    token = checked_address(args)
     engine = make_engine(args)
-    runner = EngineRunner(engine)
-    app = make_app(runner, token)
+    served = engine.workload if isinstance(engine.workload, ServedAgents) else None
+    runner = EngineRunner(engine, served=served, record_path=args.record_path)
+    app = make_app(runner, token, served)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=3))
 
@@ -54,6 +64,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host, port = server.servers[0].sockets[0].getsockname()[:2]
             print(f"serving http://{host}:{port} (auth: {'bearer token' if token else 'none, loopback only'})",
                   file=sys.stderr, flush=True)
+            if served is not None:
+                print(f"point your agents at http://{host}:{port}/v1 (OpenAI-compatible; any API key"
+                      f"{' but the token' if token else ''})", file=sys.stderr, flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it

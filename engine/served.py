@@ -1,0 +1,402 @@
+"""Agents whose turns arrive as HTTP requests: every conversation is an agent, and its cache outlives
+its request.
+
+A request's prompt tokens are matched against every waiting agent's history: one that begins with a
+history continues that agent (only the new suffix is prefilled). Any other takes a free agent, or
+displaces the least recently used waiting one, and copies the cells of the longest prefix another agent
+holds (the same system prompt and tools, or the conversation it edits or trims) rather than prefilling
+them: a sub-agent never costs its parent's cache. Where the agent it displaces is the conversation it
+edits, it keeps their common prefix and drops the rest of that sequence's cells, never the whole
+cache. An explicit key pins a conversation to its agent.
+
+Requests arrive on the server's threads and wait in a bounded queue in arrival order; they reach agents
+only in `before_step`, on the engine's thread, so nothing else ever touches an agent. Between its reply
+and its next request an agent waits for its client (the synthetic swarm's tool state), and residency
+decides where its history lives meanwhile."""
+
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swarmtune.engine.agent_source import TrafficShape
+from swarmtune.engine.backend import Backend
+from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.sampling import SamplingParams
+from swarmtune.engine.text_stream import TextStream
+from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
+
+MIN_COPY_TOKENS = 32  # a shared prefix shorter than this is prefilled: a cross-stream copy moves the whole stream
+SHAPE_TURNS = 64  # the traffic's shape (what a turn generates, adds, waits) is the median of this many turns
+
+
+class Busy(Exception):
+    """Every agent is busy and the queue is full: the client should come back later."""
+
+    def __init__(self, queued: int, retry_after_s: int) -> None:
+        super().__init__(f"all agents are busy and {queued} requests are queued; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text for the client: whole characters, never a stop sequence's start."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # stop | length | cancelled
+    usage: Usage
+
+
+@dataclass(eq=False)
+class ServedRequest:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    key: str | None = None  # pins the conversation to an agent (the request's `user`, or a header)
+    endpoint: str = "chat"
+    emit: Callable[[Delta | Finished], None] = lambda event: None  # called on the engine's thread; never blocks
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set by the server's thread when the client leaves
+    # the engine's thread fills these in
+    agent: int = -1
+    assigned: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    token_gaps_s: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    prefilled_tokens: int = 0
+    completion_tokens: int = 0
+    generated: list[int] = field(default_factory=list)  # the tokens whose text was sent
+    finish_reason: str | None = None
+    text: TextStream = field(init=False)
+    prompt_tokens: int = field(init=False)  # as the client sent it (`prompt` grows if it moves to another agent)
+
+    def __post_init__(self) -> None:
+        self.text = TextStream(self.stop)
+        self.prompt_tokens = len(self.prompt)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _bucket(x: float) -> int:
+    """A median rounded to a step of about 25%, so the shape changes only when the traffic does."""
+    if x <= 1:
+        return 1
+    return max(1, round(1.25 ** round(math.log(x) / math.log(1.25))))
+
+
+class ServedAgents:
+    def __init__(self, backend: Backend, max_queue: int = 64, copy_prefix: bool = True,
+                 on_finish: Callable[[ServedRequest, RequestRecord], None] | None = None) -> None:
+        self.backend = backend
+        self.max_queue = max_queue
+        self.copy_prefix = copy_prefix
+        self.on_finish = on_finish or (lambda req, rec: None)
+        self._queue: deque[ServedRequest] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._records: deque[RequestRecord] = deque(maxlen=4096)  # until drained
+        # the engine's thread only, from here on
+        self._active: dict[int, ServedRequest] = {}  # agent id -> the request it serves
+        self._keys: dict[int, str] = {}  # agent id -> its conversation's key
+        self._last_used: dict[int, float] = {}
+        self._replied_at: dict[int, float] = {}
+        self._agents: list[Agent] = []
+        self._gen: deque[int] = deque(maxlen=SHAPE_TURNS)
+        self._added: deque[int] = deque(maxlen=SHAPE_TURNS)
+        self._waits: deque[float] = deque(maxlen=SHAPE_TURNS)
+        self.busy_agents = 0
+        self.idle_agents = 0
+
+    # the server's threads
+    def submit(self, req: ServedRequest) -> None:
+        """Queue a request (any thread). Busy when the queue is full."""
+        with self._lock:
+            if len(self._queue) >= self.max_queue:
+                raise Busy(len(self._queue), retry_after_s=1)
+            self._queue.append(req)
+        self._wake.set()
+
+    def cancel(self, req: ServedRequest) -> None:
+        """Its client left (any thread): it ends within a step, its agent keeps what it had."""
+        req.cancelled = True
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def drain_records(self) -> list[RequestRecord]:
+        with self._lock:
+            out = list(self._records)
+            self._records.clear()
+        return out
+
+    def traffic(self) -> TrafficShape | None:
+        """The traffic's shape once a few turns have ended; None before."""
+        if len(self._gen) < 4:
+            return None
+        med = _median
+        return TrafficShape(_bucket(med(self._gen)), _bucket(med(self._added)) if self._added else 1,
+                            round(med(self._waits), 1) if self._waits else 0.0)
+
+    # the engine's thread (engine/agent_source.py)
+    def start_task(self, agent: Agent) -> None:
+        """A new agent, or one whose conversation was displaced: empty, waiting for a client."""
+        self.backend.drop(agent.seq)
+        agent.history, agent.pending, agent.tool_pending = [], [], []
+        agent.next_token, agent.turn_generated, agent.turn_text = None, 0, ""
+        agent.residency, agent.swapped = Residency.CACHE, None
+        self._wait_for_client(agent)
+        agent.label, agent.reused_tokens, agent.tail = "", None, ""
+        self._keys.pop(agent.id, None)
+        agent.tasks += 1
+        agent.turns = 0
+
+    def seed_sampler(self, agent: Agent) -> None:
+        req = self._active.get(agent.id)
+        self.backend.set_sampler(agent.seq, req.params if req is not None else SamplingParams(seed=agent.id))
+
+    def turn_limit(self, agent: Agent) -> int:
+        req = self._active.get(agent.id)
+        return req.max_tokens if req is not None else 1
+
+    def idle(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def on_token(self, agent: Agent, token: int, piece: str) -> bool:
+        req = self._active.get(agent.id)
+        if req is None:
+            return False
+        if req.cancelled:
+            return False  # end_turn closes it
+        now = time.perf_counter()
+        if req.first_token is None:
+            req.first_token = now
+        elif req.last_token is not None:
+            req.token_gaps_s.append(now - req.last_token)
+        req.last_token = now
+        req.completion_tokens += 1
+        req.generated.append(token)
+        text = req.text.feed(self.backend.token_bytes(token))
+        if text:
+            req.emit(Delta(text))
+            agent.tail = (agent.tail + text)[-TAIL_CHARS:]
+        if req.text.stopped:
+            req.finish_reason = "stop"
+            return False
+        if req.completion_tokens >= req.max_tokens:
+            # its text is sent; the token is in the next prompt, so the batch needs no step to cache it
+            req.finish_reason = "length"
+            return False
+        return True
+
+    def end_turn(self, agent: Agent, now_s: float) -> None:
+        req = self._active.pop(agent.id, None)
+        agent.turns += 1
+        agent.turn_generated = 0
+        agent.turn_text = ""
+        self._wait_for_client(agent)
+        if req is None:
+            return
+        if req.cancelled:
+            reason = "cancelled"
+        elif req.finish_reason is not None:
+            reason = req.finish_reason
+        else:  # the end of generation, or the context's limit
+            reason = "length" if agent.context + 2 >= agent.limit else "stop"
+        self._close(req, reason, now_s)
+        self._gen.append(req.completion_tokens)
+        self._replied_at[agent.id] = time.perf_counter()
+        self._last_used[agent.id] = time.perf_counter()
+
+    def before_step(self, agents: list[Agent], now_s: float) -> None:
+        self._agents = agents
+        by_id = {a.id: a for a in agents}
+        for aid in [i for i in self._active if i not in by_id]:
+            self._requeue(self._active.pop(aid))  # its agent was removed (fewer agents): it goes on elsewhere
+        for aid in [i for i in self._keys if i not in by_id]:
+            del self._keys[aid]
+        for a in agents:
+            req = self._active.get(a.id)
+            if req is not None and req.cancelled and a.state is not AgentState.TOOL:
+                self._stop_midway(a)
+                self.end_turn(a, now_s)
+        with self._lock:
+            waiting = list(self._queue)
+        taken: list[ServedRequest] = []
+        for req in waiting:
+            if req.cancelled:
+                taken.append(req)
+                self._close(req, "cancelled", now_s)
+                continue
+            picked = self._pick(agents, req)
+            if picked is None:
+                if req.key is not None:
+                    continue  # its own agent is busy: it waits, the others go on
+                break
+            self._assign(picked[0], picked[1], req)
+            taken.append(req)
+        if taken:
+            with self._lock:
+                gone = set(map(id, taken))
+                self._queue = deque(r for r in self._queue if id(r) not in gone)
+        self.busy_agents = len(self._active)
+        self.idle_agents = len(agents) - self.busy_agents
+
+    # which agent a request continues
+    def _idle(self, agents: list[Agent]) -> list[Agent]:
+        return [a for a in agents if a.id not in self._active and a.state is AgentState.TOOL
+                and a.tool_ready_at is None and a.seq < self.backend.n_seqs]
+
+    @staticmethod
+    def _known(a: Agent) -> list[int]:
+        """The tokens its conversation holds: cached, swapped out, or waiting to be prefilled again."""
+        return a.history + a.pending
+
+    def _pick(self, agents: list[Agent], req: ServedRequest) -> tuple[Agent, bool] | None:
+        """The agent for req, and whether req continues its conversation (else it displaces it)."""
+        idle = self._idle(agents)
+        if req.key is not None:
+            own = [a for a in agents if self._keys.get(a.id) == req.key]
+            if own:
+                return (own[0], True) if own[0] in idle else None
+        free = [a for a in idle if req.key is None or a.id not in self._keys]
+        if not free:
+            return None
+        best = max(free, key=lambda a: (common_prefix(self._known(a), req.prompt), -a.id))
+        n = common_prefix(self._known(best), req.prompt)
+        if n and n == len(self._known(best)):
+            return best, True  # its continuation
+        # an edited or trimmed conversation, or a new one: a free agent, which copies the prefix it shares with
+        # any agent; the old conversation stays whole for its own return
+        empty = [a for a in free if not self._known(a)]
+        if empty:
+            return min(empty, key=lambda a: a.id), True
+        lru = min(free, key=lambda a: (self._last_used.get(a.id, 0.0), a.id))
+        if lru is best and n:
+            return best, True  # the least recently used is the conversation it edits: keep the common prefix
+        return lru, False  # displaces the least recently used
+
+    def _assign(self, a: Agent, continues: bool, req: ServedRequest) -> None:
+        if not continues:
+            self.start_task(a)
+        keep = common_prefix(self._known(a), req.prompt)
+        if a.id in self._replied_at and keep:
+            self._waits.append(time.perf_counter() - self._replied_at.pop(a.id))
+            self._added.append(len(req.prompt) - keep)
+        keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
+        self._rewind(a, keep)
+        if not a.history and not a.pending and self.copy_prefix:
+            self._copy_shared_prefix(a, req)
+        req.cached_tokens = len(a.history) if a.residency is not Residency.NONE else 0
+        req.prefilled_tokens = len(req.prompt) - req.cached_tokens
+        req.agent, req.assigned = a.id, time.perf_counter()
+        self._active[a.id] = req
+        self._last_used[a.id] = req.assigned
+        if req.key is not None:
+            self._keys[a.id] = req.key
+        a.label = req.key or self._keys.get(a.id, "") or f"conversation {a.tasks}"
+        a.reused_tokens = req.cached_tokens
+        a.tool_pending = req.prompt[len(self._known(a)) :]
+        a.tool_ready_at = 0.0  # the engine's _wake_tools brings its history back and queues the suffix
+        a.turn_generated, a.next_token, a.turn_text = 0, None, ""
+        self.backend.set_sampler(a.seq, req.params)
+
+    def _rewind(self, a: Agent, keep: int) -> None:
+        """Keep only the first `keep` tokens of its conversation."""
+        if keep >= len(self._known(a)):
+            return
+        if a.residency is Residency.HOST:
+            a.evict()  # its saved state holds the whole history: prefilled again up to `keep`
+        if a.residency is Residency.CACHE:
+            self.backend.truncate(a.seq, keep)
+            a.history = a.history[:keep]
+            a.pending = []
+        else:
+            a.pending = a.pending[:keep]
+
+    def _copy_shared_prefix(self, a: Agent, req: ServedRequest) -> None:
+        """A new conversation that begins as another agent's does (a system prompt, tool definitions):
+        copy those cells rather than prefill them."""
+        donors = [d for d in self._agents if d is not a and d.residency is Residency.CACHE and d.history
+                  and d.state is not AgentState.PREEMPTED and d.seq < self.backend.n_seqs]
+        if not donors:
+            return
+        best = max(donors, key=lambda d: common_prefix(d.history, req.prompt))
+        n = min(common_prefix(best.history, req.prompt), len(req.prompt) - 1)
+        if n < MIN_COPY_TOKENS:
+            return
+        self.backend.copy(best.seq, a.seq)
+        self.backend.truncate(a.seq, n)
+        a.history = req.prompt[:n]
+
+    def _wait_for_client(self, a: Agent) -> None:
+        a.state = AgentState.TOOL
+        a.waits_for = "client"
+        a.tool_ready_at, a.tool_pending = None, []
+
+    def _stop_midway(self, a: Agent) -> None:
+        """Its client left while it prefilled or decoded: it keeps the cells it has, no more."""
+        a.next_token = None
+        if a.state is AgentState.PREEMPTED:
+            a.residency = Residency.NONE  # its history waits in `pending`, as a dropped one's does
+        else:
+            a.pending = []
+
+    def _requeue(self, req: ServedRequest) -> None:
+        """Its agent is gone: the request goes on from where it was, on another agent, at the queue's head:
+        its prompt grows by what it generated, so the client sees no token twice."""
+        req.prompt = req.prompt[: req.prompt_tokens] + req.generated
+        req.agent = -1
+        with self._lock:
+            self._queue.appendleft(req)
+
+    def _close(self, req: ServedRequest, reason: str, now_s: float) -> None:
+        if req.finish_reason is None or reason == "cancelled":
+            req.finish_reason = reason
+        rest = req.text.finish()
+        if rest:
+            req.emit(Delta(rest))
+        usage = Usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
+        req.emit(Finished(req.finish_reason, usage))
+        end = time.perf_counter()
+        rec = RequestRecord(
+            id=req.id, t=round(now_s, 6), agent=req.agent, key=req.key or "",
+            queue_s=round((req.assigned or end) - req.arrival, 6), prompt_tokens=req.prompt_tokens,
+            cached_tokens=req.cached_tokens, prefilled_tokens=req.prefilled_tokens,
+            ttft_s=round(req.first_token - req.arrival, 6) if req.first_token is not None else None,
+            completion_tokens=req.completion_tokens, finish_reason=req.finish_reason,
+            e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint,
+        )
+        with self._lock:
+            self._records.append(rec)
+        self.on_finish(req, rec)
+
+
+def _median(xs: "deque[int] | deque[float]") -> float:
+    s = sorted(xs)
+    return float(s[len(s) // 2])
