@@ -29,15 +29,18 @@ from swarmtune.engine.sampling import SamplingParams
 from swarmtune.engine.text_stream import TextStream
 from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
 
-MIN_COPY_TOKENS = 32  # a shared prefix shorter than this is prefilled: a cross-stream copy moves the whole stream
+# A shared prefix shorter than this is prefilled. A copy between streams moves the whole stream, but cheaply:
+# measured on the default model (bench/prefix_copy.py, 2-core CPU, f16, 2,048 cells), the first token after
+# a copy came 0.24x as late as after prefilling a 32-token prefix, 0.064x at 256, 0.039x at 1,024
+MIN_COPY_TOKENS = 16
 SHAPE_TURNS = 64  # the traffic's shape (what a turn generates, adds, waits) is the median of this many turns
 
 
 class Busy(Exception):
     """Every agent is busy and the queue is full: the client should come back later."""
 
-    def __init__(self, queued: int, retry_after_s: int) -> None:
-        super().__init__(f"all agents are busy and {queued} requests are queued; retry in {retry_after_s} s")
+    def __init__(self, queued: int, retry_after_s: int, why: str = "") -> None:
+        super().__init__(why or f"all agents are busy and {queued} requests are queued; retry in {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -61,6 +64,13 @@ class Finished:
     usage: Usage
 
 
+@dataclass(frozen=True)
+class Closed:
+    """The server stops before the reply ends: the client gets an error, not a reply cut short as if whole."""
+
+    message: str
+
+
 @dataclass(eq=False)
 class ServedRequest:
     prompt: list[int]
@@ -69,7 +79,8 @@ class ServedRequest:
     stop: tuple[str, ...] = ()
     key: str | None = None  # pins the conversation to an agent (the request's `user`, or a header)
     endpoint: str = "chat"
-    emit: Callable[[Delta | Finished], None] = lambda event: None  # called on the engine's thread; never blocks
+    # called on the engine's thread (close_all: any thread); never blocks
+    emit: Callable[[Delta | Finished | Closed], None] = lambda event: None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by the server's thread when the client leaves
@@ -115,6 +126,7 @@ class ServedAgents:
         self.copy_prefix = copy_prefix
         self.on_finish = on_finish or (lambda req, rec: None)
         self._queue: deque[ServedRequest] = deque()
+        self._closing = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._records: deque[RequestRecord] = deque(maxlen=4096)  # until drained
@@ -123,6 +135,7 @@ class ServedAgents:
         self._keys: dict[int, str] = {}  # agent id -> its conversation's key
         self._last_used: dict[int, float] = {}
         self._replied_at: dict[int, float] = {}
+        self._prompt_end: dict[int, int] = {}  # agent id -> the length of the last prompt it took
         self._agents: list[Agent] = []
         self._gen: deque[int] = deque(maxlen=SHAPE_TURNS)
         self._added: deque[int] = deque(maxlen=SHAPE_TURNS)
@@ -132,11 +145,25 @@ class ServedAgents:
 
     # the server's threads
     def submit(self, req: ServedRequest) -> None:
-        """Queue a request (any thread). Busy when the queue is full."""
+        """Queue a request (any thread). Busy when the queue is full, or the server is closing."""
         with self._lock:
+            if self._closing:
+                raise Busy(0, retry_after_s=5, why="the server is shutting down")
             if len(self._queue) >= self.max_queue:
                 raise Busy(len(self._queue), retry_after_s=1)
             self._queue.append(req)
+        self._wake.set()
+
+    def close_all(self, message: str = "the server is shutting down") -> None:
+        """Any thread, as the server stops: every queued and running request ends now with an error, so no
+        client waits on a reply that will not come and the server's connections close at once."""
+        with self._lock:
+            self._closing = True
+            reqs = list(self._queue) + list(self._active.values())
+            self._queue.clear()
+        for req in reqs:
+            req.cancelled = True
+            req.emit(Closed(message))
         self._wake.set()
 
     def cancel(self, req: ServedRequest) -> None:
@@ -172,6 +199,7 @@ class ServedAgents:
         self._wait_for_client(agent)
         agent.label, agent.reused_tokens, agent.tail = "", None, ""
         self._keys.pop(agent.id, None)
+        self._prompt_end.pop(agent.id, None)
         agent.tasks += 1
         agent.turns = 0
 
@@ -289,8 +317,10 @@ class ServedAgents:
             return None
         best = max(free, key=lambda a: (common_prefix(self._known(a), req.prompt), -a.id))
         n = common_prefix(self._known(best), req.prompt)
-        if n and n == len(self._known(best)):
-            return best, True  # its continuation
+        if n and (n == len(self._known(best)) or n >= self._prompt_end.get(best.id, n + 1)):
+            # its continuation: the whole history, or all of its last prompt and a reply the client rendered
+            # back in other tokens (the end of a reply often tokenizes otherwise once it is followed by text)
+            return best, True
         # an edited or trimmed conversation, or a new one: a free agent, which copies the prefix it shares with
         # any agent; the old conversation stays whole for its own return
         empty = [a for a in free if not self._known(a)]
@@ -316,6 +346,7 @@ class ServedAgents:
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
         req.agent, req.assigned = a.id, time.perf_counter()
         self._active[a.id] = req
+        self._prompt_end[a.id] = len(req.prompt)
         self._last_used[a.id] = req.assigned
         if req.key is not None:
             self._keys[a.id] = req.key

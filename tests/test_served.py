@@ -205,3 +205,20 @@ def test_fewer_agents_moves_a_request_on_without_repeating_a_token():
     for r, c in clients:
         assert c.done.usage.completion_tokens == 30
         assert c.text == "".join(e.backend.piece(t) for t in r.generated)
+
+
+def test_a_reply_rendered_back_in_other_tokens_still_continues_its_agent():
+    e, served = make(agents=2)
+    first = toks(e, "system: agent. user: explain the scheduler in three sentences " * 3)
+    r1, c1 = ask(e, served, first, max_tokens=12)
+    run(e, lambda: c1.done is not None)
+    r0, c0 = ask(e, served, toks(e, "another conversation entirely " * 8))  # the other agent is taken
+    run(e, lambda: c0.done is not None)
+    # the client renders the reply back as text, which tokenizes otherwise from its fourth token on
+    reply = r1.generated[:3] + toks(e, " [the rest of the reply, as the client re-rendered it]")
+    second = first + reply + toks(e, " user: and now the KV cache")
+    r2, c2 = ask(e, served, second)
+    run(e, lambda: c2.done is not None)
+    assert r2.agent == r1.agent and r2.cached_tokens == len(first) + 3
+    assert next(a for a in e.agents if a.id == r0.agent).context >= r0.prompt_tokens  # nobody else displaced
+    e.check_caches()

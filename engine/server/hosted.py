@@ -11,7 +11,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.engine import EngineState
 from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.server.server import make_app
+from swarmtune.engine.server.server import ApiServer, make_app
 from swarmtune.engine.sources.protocol import Capabilities, Sink
 
 
@@ -25,14 +25,14 @@ class HostedSource:
         self.served = served
         self.mode = "SIMULATED" if runner.engine.backend.source == "simulated" else ""
         self.url = f"http://{host}:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(make_app(runner, token, served), host=host, port=port,
-                                                    log_level="warning", timeout_graceful_shutdown=2))
+        self.server = ApiServer(uvicorn.Config(make_app(runner, token, served), host=host, port=port,
+                                               log_level="warning", timeout_graceful_shutdown=2), served)
         self._thread = threading.Thread(target=self.server.run, name="api", daemon=True)
 
     @property
     def status(self) -> str:
-        if self.server.started and self.server.servers:  # the port it really got (--port 0 picks one)
-            host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        if self.server.started and self.server.servers and self.server.servers[0].sockets:
+            host, port = self.server.servers[0].sockets[0].getsockname()[:2]  # --port 0 picks one
             self.url = f"http://{host}:{port}"
         return f"serving {self.url}/v1 · {self.served.busy_agents} busy, {self.served.queued} queued"
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from swarmtune.engine.sampling import SamplingParams
-from swarmtune.engine.served import Busy, Delta, Finished, ServedAgents, ServedRequest, Usage
+from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedAgents, ServedRequest, Usage
 from swarmtune.engine.server.openai_schema import (
     BadRequest,
     ChatRequest,
@@ -88,7 +88,7 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
-        def emit(event: Delta | Finished) -> None:
+        def emit(event: Delta | Finished | Closed) -> None:
             try:
                 loop.call_soon_threadsafe(q.put_nowait, event)
             except RuntimeError:  # the server's loop is gone (shutting down): nobody is listening
@@ -102,8 +102,9 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
         return JSONResponse(error_body(str(e), "server_error", None, "overloaded"), status_code=503,
                             headers={"Retry-After": str(e.retry_after_s)})
 
-    async def collect(request: Request, req: ServedRequest, q: asyncio.Queue) -> tuple[str, Finished] | None:
-        """The whole reply; None if the client left first (its request is cancelled)."""
+    async def collect(request: Request, req: ServedRequest, q: asyncio.Queue) -> tuple[str, Finished] | Closed | None:
+        """The whole reply; Closed if the server stops first; None if the client left first (its request is
+        cancelled)."""
         parts: list[str] = []
         while True:
             try:
@@ -115,17 +116,19 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
                 continue
             if isinstance(ev, Delta):
                 parts.append(ev.text)
+            elif isinstance(ev, Closed):
+                return ev
             else:
                 return "".join(parts), ev
 
-    async def events(req: ServedRequest, q: asyncio.Queue) -> AsyncIterator[Delta | Finished]:
+    async def events(req: ServedRequest, q: asyncio.Queue) -> AsyncIterator[Delta | Finished | Closed]:
         """The reply as it comes; the request is cancelled if the client leaves before its end."""
         done = False
         try:
             while True:
                 ev = await q.get()
                 yield ev
-                if isinstance(ev, Finished):
+                if isinstance(ev, Finished | Closed):
                     done = True
                     return
         finally:
@@ -161,6 +164,8 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
             got = await collect(request, req, q)
             if got is None:
                 return Response(status_code=499)
+            if isinstance(got, Closed):
+                return JSONResponse(error_body(got.message, "server_error", None, "shutting_down"), status_code=503)
             text_out, fin = got
             return JSONResponse({
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -186,6 +191,8 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
             async for ev in events(req, q):
                 if isinstance(ev, Delta):
                     yield sse(chunk({"content": ev.text}, None))
+                elif isinstance(ev, Closed):  # OpenAI's way to fail a stream midway: an error event, then the end
+                    yield sse(error_body(ev.message, "server_error", None, "shutting_down"))
                 else:
                     yield sse(chunk({}, ev.reason))
                     if include_usage:
@@ -224,6 +231,8 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
             got = await collect(request, req, q)
             if got is None:
                 return Response(status_code=499)
+            if isinstance(got, Closed):
+                return JSONResponse(error_body(got.message, "server_error", None, "shutting_down"), status_code=503)
             text_out, fin = got
             return JSONResponse({
                 "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
@@ -244,6 +253,8 @@ def add_openai_routes(app: FastAPI, runner: EngineRunner, served: ServedAgents) 
             async for ev in events(req, q):
                 if isinstance(ev, Delta):
                     yield sse(chunk(ev.text, None))
+                elif isinstance(ev, Closed):
+                    yield sse(error_body(ev.message, "server_error", None, "shutting_down"))
                 else:
                     yield sse(chunk("", ev.reason))
                     if include_usage:

@@ -11,6 +11,7 @@ import ipaddress
 import json
 from contextlib import asynccontextmanager
 
+import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -89,6 +90,20 @@ class BearerAuth:
                              "detail": "missing or wrong bearer token"}, status_code=401,
                             headers={"WWW-Authenticate": "Bearer"})
         await resp(scope, receive, send)
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn, ending every served request as its shutdown begins: it waits for open connections before it
+    stops the app, and a stream waiting on an engine that is stopping would hold it until its timeout."""
+
+    def __init__(self, config: uvicorn.Config, served: ServedAgents | None) -> None:
+        super().__init__(config)
+        self.served = served
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.served is not None:
+            self.served.close_all()
+        await super().shutdown(sockets)
 
 
 def _invalid(field: str, msg: str) -> JSONResponse:

@@ -47,15 +47,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from swarmtune.engine.served import ServedAgents
     from swarmtune.engine.server.runner import EngineRunner
-    from swarmtune.engine.server.server import make_app
+    from swarmtune.engine.server.server import ApiServer, make_app
 
     token = checked_address(args)
     engine = make_engine(args)
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
     runner = EngineRunner(engine, served=served, record_path=args.record_path)
     app = make_app(runner, token, served)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=3))
+    server = ApiServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                      timeout_graceful_shutdown=3), served)
 
     def announce() -> None:
         while not server.started and not server.should_exit:

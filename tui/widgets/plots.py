@@ -31,7 +31,7 @@ class BatchPlot(_Plot):
             plt.plot(xs, [x[2] for x in h], label="cap", marker="braille", color="gray")
             plt.plot(xs, [x[3] for x in h], label="waiting/filling", marker="braille", color="orange")
             if any(x[4] for x in h):  # only when agents wait for tools (--tool-latency)
-                plt.plot(xs, [x[4] for x in h], label="at a tool", marker="braille", color="blue")
+                plt.plot(xs, [x[4] for x in h], label="at a tool or client", marker="braille", color="blue")
             plt.plot(xs, [x[1] for x in h], label="batch", marker="braille", color="cyan")
             plt.ylim(0, top + 0.5)
             plt.yticks([0, top])  # plotext drops ticks unpredictably when short of rows
