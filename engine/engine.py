@@ -392,10 +392,26 @@ class Engine:
             self.backend.drop(a.seq)
             a.swapped, a.residency = handle, Residency.HOST
             self._move(a, "swap_out", nbytes, seconds, self._cost_source)
+            self._bound_swapped()
             return
         self.backend.drop(a.seq)
         self._move(a, "drop", self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0, "modeled")
         a.evict()
+
+    def _bound_swapped(self) -> None:
+        """Past the host-memory bound, the least recently served swapped histories go (dropped: prefilled
+        again when their agents return)."""
+        limit = self.s.swap_limit_bytes
+        if limit is None:
+            return
+        swapped = sorted((a for a in self.agents if a.residency is Residency.HOST),
+                         key=lambda a: (a.last_served_step, a.id))
+        total = sum(getattr(a.swapped, "nbytes", 0) for a in swapped)
+        while swapped and total > limit:
+            a = swapped.pop(0)
+            total -= getattr(a.swapped, "nbytes", 0)
+            self._move(a, "swap_evicted", getattr(a.swapped, "nbytes", 0), 0.0, self._cost_source)
+            a.evict()
 
     @property
     def _cost_source(self) -> str:

@@ -35,7 +35,9 @@ class Move:
     """A history moved between the KV cache and host memory (or dropped, or converted by a KV switch)."""
 
     agent: int
-    op: str  # swap_out | swap_in | swap_in_refused | drop | swap_discarded | convert_save | convert
+    # swap_out | swap_in | swap_in_refused | drop | swap_discarded | swap_evicted (past the host-memory bound)
+    # | convert_save | convert
+    op: str
     bytes: int
     seconds: float
     source: str  # measured, or modeled (the sim: bytes over the profile's host link)

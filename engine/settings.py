@@ -79,6 +79,9 @@ class EngineSettings:
     tool_latency_s: float = 0.0
     tool_latency_sigma: float = 1.0
     residency: str = "keep"  # keep | swap | drop: where a waiting agent's history lives
+    # host memory for swapped-out histories; past it the least recently served swapped history is dropped
+    # (prefilled again when its agent returns). None: no bound
+    swap_limit_bytes: float | None = None
     reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
     # a KV switch converts the cached K and V to the new type where the backend can (engine/kv_convert.py);
     # off, or where it cannot, every history is prefilled again
@@ -93,6 +96,9 @@ class EngineSettings:
         check_at_least_one("tool tokens", self.tool_tokens)
         check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)
         check_residency(self.residency)
+        if self.swap_limit_bytes is not None and not (math.isfinite(self.swap_limit_bytes) and
+                                                      self.swap_limit_bytes >= 0):
+            raise UserError(f"--swap-limit-mb must be a finite number >= 0 (got {self.swap_limit_bytes / 1e6})")
         need = min_context(self)
         if self.ctx_per_agent < need:
             raise UserError(f"--ctx {self.ctx_per_agent} cannot hold one agent turn (needs at least {need} tokens)")

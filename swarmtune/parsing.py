@@ -82,6 +82,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--residency", default="keep",
                    help="where a waiting agent's history lives: keep (in the KV cache), swap (to host memory and "
                         "back, no re-prefill) or drop (re-prefilled on return)")
+    g.add_argument("--swap-limit-mb", type=_finite("--swap-limit-mb"), default=None,
+                   help="host memory for swapped-out histories; past it the least recently served goes (its agent "
+                        "is prefilled again on return). Default: no bound")
     g.add_argument("--autotune", metavar="OBJECTIVE", default=None,
                    help="let the tuner hold the best batch cap, KV type and residency: tokens_per_s, "
                         "joules_per_token, or floor:X (tokens/s with no agent below X tok/s); 't' in the dashboard")

@@ -149,3 +149,23 @@ def test_real_engine_with_tool_waits_continues_each_agents_own_text(llama_backen
     moves = [m for m in r.moved]
     assert all(m.source == "measured" for m in moves if m.op.startswith("swap"))
     assert assert_each_agent_continues_its_own_text(e, fresh, most=4) >= 1
+
+
+def test_swapped_histories_past_the_host_bound_go_least_recently_served_first():
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.profiles import profile
+    from swarmtune.engine.settings import EngineSettings
+    from swarmtune.engine.sim_backend import SimBackend
+    from swarmtune.engine.workload import Residency
+    from tests.conftest import SIM
+
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(agents=4, ctx_per_agent=4096, residency="swap", tool_latency_s=5.0,
+                                             tool_latency_sigma=0.1, swap_limit_bytes=1.0, check=True))
+    moves = []
+    for _ in range(400):
+        moves += e.step().moved
+    evicted = [m for m in moves if m.op == "swap_evicted"]
+    assert evicted  # a 1-byte bound holds no swapped history
+    assert all(a.residency is not Residency.HOST for a in e.agents)
+    e.check_caches()
