@@ -306,3 +306,28 @@ def test_a_token_is_the_api_key_and_a_full_queue_is_a_503():
         for t in threads:
             t.join(120)
         assert sorted(set(statuses)) == [200, 503] and statuses.count(200) >= 2
+
+
+@pytest.mark.slow
+def test_sixty_four_clients_lose_and_repeat_no_token_and_see_only_the_documented_503():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_load.py"), "--seconds", "15"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip().splitlines()[-1] == "bad: 0", out.stdout + out.stderr[-2000:]
+    assert "503" in out.stdout  # the queue did fill: the documented answer, not another 5xx
+
+
+def test_metrics_hold_the_request_histograms_and_the_kv_usage(server):
+    client(server).chat.completions.create(model="m", messages=HAIKU, max_tokens=4)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("swarmtune_time_to_first_token_seconds_bucket", "swarmtune_inter_token_latency_seconds_bucket",
+                 "swarmtune_request_queue_time_seconds_bucket", "swarmtune_e2e_request_latency_seconds_bucket",
+                 "swarmtune_requests_total", "swarmtune_prompt_tokens_cached_total", "swarmtune_requests_running",
+                 "swarmtune_requests_waiting"):
+        assert name in text, name
+    usage = [line for line in text.splitlines() if line.startswith("swarmtune_kv_cache_usage_ratio")]
+    assert usage and 0.0 < float(usage[0].split()[-1]) <= 1.0
