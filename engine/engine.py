@@ -143,6 +143,12 @@ class Engine:
                 sim.adopt_cached(a.seq, a.context)
             if b.next_token is not None:
                 b.next_token = sim.tokenize(" x")[0]
+            if b.state is AgentState.TOOL and b.tool_ready_at is None:
+                # a served agent waits for its client: in the shadow its client comes back as the traffic
+                # does (engine/served.py's shape: the median wait, then what a returning turn adds)
+                b.tool_ready_at = shadow.clock_s + settings.tool_latency_s
+                b.tool_pending = sim.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens]
+                b.waits_for = "tool"
             shadow.workload.seed_sampler(b)
             shadow.agents.append(b)
         return shadow

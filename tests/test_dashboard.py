@@ -177,3 +177,32 @@ async def test_t_on_an_engine_without_a_tuner_says_so():
         await pilot.press("t")
         assert await wait_for(pilot, lambda: any("no tuner" in n.message for n in app._notifications))
         await pilot.press("q")
+
+
+async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_agent():
+    """`swarmtune run --clients`: one process, the dashboard and the OpenAI API on one engine (sim)."""
+    import httpx
+
+    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.server.hosted import HostedSource
+    from swarmtune.engine.server.runner import EngineRunner
+
+    p = profile(SIM)
+    backend = SimBackend(p)
+    served = ServedAgents(backend)
+    e = Engine(backend, EngineSettings(agents=3, ctx_per_agent=4096), agents=served)
+    source = HostedSource(EngineRunner(e, served=served), served, "127.0.0.1", 0, None)
+    app = SwarmApp(source)
+    async with app.run_test(size=(160, 50)) as pilot:
+        assert await wait_for(pilot, lambda: source.server.started and "127.0.0.1:0" not in source.status)
+        url = source.status.split()[1]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            r = await http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 40}],
+                                                           "max_tokens": 8, "user": "reviewer"})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        # its row: its key, and (once the paced sim's records catch up) waiting for its client
+        assert await wait_for(pilot, lambda: any(a.label == "reviewer" and a.state == "client"
+                                                 for a in app.stats.latest.agents))
+        await pilot.press("k")  # the dashboard's controls reach the served engine
+        assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
+        await pilot.press("q")

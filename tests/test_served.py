@@ -222,3 +222,27 @@ def test_a_reply_rendered_back_in_other_tokens_still_continues_its_agent():
     assert r2.agent == r1.agent and r2.cached_tokens == len(first) + 3
     assert next(a for a in e.agents if a.id == r0.agent).context >= r0.prompt_tokens  # nobody else displaced
     e.check_caches()
+
+
+def test_the_tuner_forecasts_served_traffic_without_waiting_for_clients():
+    import time
+
+    from swarmtune.engine.tune import Goal, Tuner
+
+    p = profile(SIM)
+    backend = SimBackend(p)
+    served = ServedAgents(backend)
+    tuner = Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1, run_s=60.0))
+    e = Engine(backend, EngineSettings(agents=4, batch_cap=4, ctx_per_agent=4096, reference=False),
+               agents=served, tuner=tuner, autotune=True)
+    for turn in range(8):
+        clients = [ask(e, served, toks(e, f"conversation {i} " * 20 + " more" * (12 * turn)), max_tokens=48, seed=i)
+                   for i in range(4)]
+        run(e, lambda clients=clients: all(c.done is not None for _, c in clients), steps=5000)
+    shape = served.traffic()
+    assert shape is not None and (e.s.gen_tokens, e.s.tool_tokens) == (shape.gen_tokens, shape.tool_tokens)
+    assert 0.8 * 48 <= shape.gen_tokens <= 1.25 * 48  # a reply's 48 tokens, to the traffic's steps of 25%
+    t0 = time.perf_counter()
+    runs = tuner.forecast(e, tuner.setting(e))  # every agent waits for its client now: the shadow's come back
+    assert runs and all(r[-1].tokens > 0 for r in runs)
+    assert time.perf_counter() - t0 < 10  # it never sleeps on a client that a shadow cannot have
