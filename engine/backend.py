@@ -58,6 +58,16 @@ class Backend(Protocol):
     def token_bytes(self, token: int) -> bytes:
         """A token's bytes (`piece` is their text, a split character replaced)."""
 
+    def check_grammar(self, grammar: str) -> str | None:
+        """None where a sampler can keep to this GBNF (any thread); else why not."""
+
+    @property
+    def jinja_template(self) -> str | None:
+        """The model's own chat template (Jinja), where it has one."""
+
+    def special_text(self, which: str) -> str:
+        """The text of the "bos" or "eos" token."""
+
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         """Ingest tokens into seq's cache at pos0.. (at most max_chunk_tokens); returns seconds."""
 

@@ -245,6 +245,25 @@ class LlamaBackend:
             p = self._pieces[token] = self.token_bytes(token).decode("utf-8", errors="replace")
         return p
 
+    def check_grammar(self, grammar: str) -> str | None:
+        """None where llama.cpp parses this GBNF (any thread: it reads only the vocabulary); else why not."""
+        g = ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not g:
+            return "llama.cpp could not parse the grammar"
+        ll.llama_sampler_free(g)
+        return None
+
+    @property
+    def jinja_template(self) -> str | None:
+        """The GGUF's own chat template (Jinja), where it has one."""
+        own = ll.llama_model_chat_template(self.model, None)
+        return own.decode("utf-8", errors="replace") if own else None
+
+    def special_text(self, which: str) -> str:
+        """The text of the BOS or EOS token (what a Jinja template calls bos_token, eos_token)."""
+        tok = ll.llama_vocab_bos(self.vocab) if which == "bos" else ll.llama_vocab_eos(self.vocab)
+        return self.token_bytes(tok).decode("utf-8", errors="replace") if tok >= 0 else ""
+
     def token_bytes(self, token: int) -> bytes:
         """A token's own bytes: part of a UTF-8 character, where a character spans tokens."""
         b = self._bytes.get(token)
@@ -285,6 +304,12 @@ class LlamaBackend:
             ll.llama_sampler_free(old)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
+        if p.grammar is not None:  # first: the rest choose among the tokens it allows
+            g = ll.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+            if not g:
+                ll.llama_sampler_free(chain)
+                raise UserError("llama.cpp could not parse the grammar", field="grammar")
+            add(chain, g)
         if p.penalised:
             add(chain, ll.llama_sampler_init_penalties(p.penalty_last_n, 1.0, p.frequency_penalty, p.presence_penalty))
         if p.greedy:

@@ -17,6 +17,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64  # how many of its last tokens the penalties look at (llama.cpp's default)
+    grammar: str | None = None  # GBNF every token must keep to (a tool call, a JSON schema); None: free
 
     @property
     def greedy(self) -> bool:

@@ -62,6 +62,7 @@ class Delta:
 class Finished:
     reason: str  # stop | length | cancelled
     usage: Usage
+    stop_sequence: str | None = None  # the one it stopped at, if a stop sequence ended it
 
 
 @dataclass(frozen=True)
@@ -413,7 +414,7 @@ class ServedAgents:
         if rest:
             req.emit(Delta(rest))
         usage = Usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
-        req.emit(Finished(req.finish_reason, usage))
+        req.emit(Finished(req.finish_reason, usage, req.text.matched))
         end = time.perf_counter()
         rec = RequestRecord(
             id=req.id, t=round(now_s, 6), agent=req.agent, key=req.key or "",

@@ -143,6 +143,14 @@ class SimBackend:
     def token_bytes(self, token: int) -> bytes:
         return self.piece(token).encode("utf-8")
 
+    def check_grammar(self, grammar: str) -> str | None:
+        return None  # a simulated model writes words, not text a grammar could hold: it ignores one
+
+    jinja_template: str | None = None  # it renders ChatML (chat())
+
+    def special_text(self, which: str) -> str:
+        return ""
+
     def _expect(self, seq: int, pos: int) -> None:
         # A consistent cache takes a sequence's next token at its length and nowhere else; llama.cpp
         # itself refuses a gap in a non-empty sequence, and a gap in an empty one is this engine's bug.

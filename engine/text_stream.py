@@ -15,6 +15,7 @@ class TextStream:
     stop: tuple[str, ...] = ()
     text: str = ""  # everything sent so far
     stopped: bool = False
+    matched: str | None = None  # the stop sequence it stopped at
     _held: str = ""  # decoded, not yet sent: it may begin a stop sequence
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: _UTF8("replace"))
 
@@ -23,8 +24,9 @@ class TextStream:
         if self.stopped:
             return ""
         pending = self._held + self._decoder.decode(data)
-        cut = min((i for i in (pending.find(s) for s in self.stop if s) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stop if s and (i := pending.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found)
             self.stopped = True
             self._held = ""
             return self._send(pending[:cut])

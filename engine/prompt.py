@@ -1,0 +1,63 @@
+"""A served conversation's messages (any API's, normalised) to the prompt text the model reads.
+
+Normalised messages: {"role": system | user | assistant | tool, "content": str, "tool_calls": [ToolCall],
+"tool_call_id": str}. The model's own Jinja template renders them where the GGUF has one (with the
+calls and results in the structure Hugging Face templates expect, for a template that knows tools;
+written into the text in the model family's format, for one that does not); the backend's built-in
+rendering otherwise (the simulated backend's ChatML)."""
+
+import json
+from typing import Any
+
+from swarmtune.engine.backend import Backend
+from swarmtune.engine.chat_template import ChatTemplate, with_tools_in_system
+from swarmtune.engine.tool_calls import ToolCall, family, render_call, render_result
+
+
+class PromptRenderer:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        src = backend.jinja_template
+        self.template = ChatTemplate(src, backend.special_text("bos"), backend.special_text("eos")) if src else None
+        self.family = family(src or "")
+        self.how = "the model's own (GGUF tokenizer.chat_template, Jinja)" if src else "built in (ChatML)"
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        if self.template is not None and self.template.knows_tools:
+            return self.template.render([self._structured(m) for m in messages], tools)
+        flat = [self._flat(m) for m in messages]
+        if self.template is not None:
+            return self.template.render(flat, tools)
+        if tools:
+            flat = with_tools_in_system(flat, tools)
+        return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in flat], add_assistant=True)
+
+    def _flat(self, m: dict[str, Any]) -> dict[str, Any]:
+        """Calls and results written into the text, as the model family writes them."""
+        content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(render_call(self.family, c.name, c.arguments) for c in m["tool_calls"])
+            content = f"{content}\n{calls}" if content else calls
+        elif m["role"] == "tool":
+            content = render_result(content)
+        return {"role": m["role"], "content": content}
+
+    @staticmethod
+    def _structured(m: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        calls: list[ToolCall] = m.get("tool_calls") or []
+        if calls:
+            out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name,
+                                                                              "arguments": _as_object(c.arguments)}}
+                                 for c in calls]
+        if m.get("tool_call_id"):
+            out["tool_call_id"] = m["tool_call_id"]
+        return out
+
+
+def _as_object(arguments: str) -> Any:
+    """Templates index a call's arguments as a mapping (Hugging Face's convention); clients send text."""
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return arguments

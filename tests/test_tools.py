@@ -1,0 +1,114 @@
+"""Tool calls without a model: each family's format parsed and written back, the grammars they get, and
+Jinja templates of the families rendered with tools (fast)."""
+
+import json
+
+import pytest
+
+from swarmtune.engine.chat_template import ChatTemplate
+from swarmtune.engine.tool_calls import CallStream, ToolCall, call_grammar, family, parse, render_call
+
+READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}, "required": ["path"]}}}
+
+# The formats as the families' own docs and templates write them (Qwen2.5 / Hermes 2 Pro, Llama 3.1's
+# JSON tool calling, Mistral's v3 tokenizer), with the text small models put around them.
+HERMES = ('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app.py"}}\n</tool_call>\n'
+          '<tool_call>\n{"name": "read_file", "arguments": {"path": "setup.cfg", "lines": 20}}\n</tool_call>')
+LLAMA3 = '{"name": "read_file", "parameters": {"path": "README.md"}}'
+MISTRAL = ('[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}, '
+           '{"name": "read_file", "arguments": {"path": "b.py"}}]')
+
+
+@pytest.mark.parametrize(("fam", "text", "paths", "content"), [
+    ("hermes", HERMES, ["src/app.py", "setup.cfg"], "Let me look."),
+    ("llama3", LLAMA3, ["README.md"], ""),
+    ("llama3", "<|python_tag|>" + LLAMA3, ["README.md"], ""),
+    ("mistral", MISTRAL, ["a.py", "b.py"], ""),
+])
+def test_each_family_parses_into_calls(fam, text, paths, content):
+    got, calls = parse(text, fam, {"read_file"})
+    assert got == content and [json.loads(c.arguments)["path"] for c in calls] == paths
+    assert all(c.name == "read_file" and c.id.startswith("call_") for c in calls)
+
+
+def test_what_is_not_a_call_stays_content():
+    for text in ("no tools today", "<tool_call>{not json}</tool_call>", '{"name": 3}',
+                 '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'):
+        content, calls = parse(text, "hermes", {"read_file"})
+        assert calls == [] and content == text
+
+
+def test_a_call_cut_by_max_tokens_is_not_content():
+    text = HERMES + '\n<tool_call>\n{"name": "read_file", "argu'
+    content, calls = parse(text, "hermes", {"read_file"})
+    assert len(calls) == 2 and content == "Let me look."
+
+
+@pytest.mark.parametrize("fam", ["hermes", "llama3", "mistral"])
+def test_a_call_written_back_parses_to_itself(fam):
+    text = render_call(fam, "read_file", '{"path": "x.py"}')
+    _, calls = parse(text, fam, None)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "x.py"})]
+
+
+def test_a_stream_holds_a_call_back_and_gives_it_whole_at_the_end():
+    s = CallStream("hermes", {"read_file"}, active=True)
+    sent = "".join(s.feed(HERMES[i : i + 3]) for i in range(0, len(HERMES), 3))
+    rest, calls = s.finish()
+    assert sent == "Let me look.\n" and "<tool" not in sent and rest == "" and len(calls) == 2
+
+
+def test_the_grammars_parse_in_llama_cpp(llama_backend):
+    from swarmtune.engine.tool_calls import json_grammar
+
+    for fam in ("hermes", "llama3", "mistral"):
+        for parallel in (True, False):
+            assert llama_backend.check_grammar(call_grammar([READ], fam, parallel)) is None
+    assert llama_backend.check_grammar(json_grammar(None)) is None
+    assert llama_backend.check_grammar(json_grammar(READ["function"]["parameters"])) is None
+    assert llama_backend.check_grammar("root ::= nope") is not None
+
+
+@pytest.mark.parametrize(("fam", "source"), [
+    ("hermes", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+               "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    ("llama3", "{{ bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>\n{% for t in tools %}"
+               "{{ t | tojson }}{% endfor %}<|eot_id|>{% endif %}{% for m in messages %}<|start_header_id|>"
+               "{{ m.role }}<|end_header_id|>\n{{ m.content }}<|eot_id|>{% endfor %}"),
+    ("mistral", "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]{% endif %}"
+                "{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}{% endif %}{% endfor %}"),
+])
+def test_family_templates_render_tools_and_calls(fam, source):
+    t = ChatTemplate(source, bos_token="<s>")
+    assert family(source) == fam
+    msgs = [{"role": "user", "content": "read it"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "id": "call_1", "function": {"name": "read_file", "arguments": {"path": "a"}}}]}]
+    out = t.render(msgs, [READ])
+    assert "read it" in out
+    if fam != "mistral":
+        assert "read_file" in out  # the tools are offered
+    else:
+        assert "[TOOL_CALLS]" in out  # the call is written back
+
+
+def test_a_template_without_tools_offers_them_in_the_system_message():
+    t = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    out = t.render([{"role": "user", "content": "hi"}], [READ])
+    assert out.startswith("<|im_start|>system\n# Tools") and '"name": "read_file"' in out and "<tool_call>" in out
+
+
+def test_a_template_that_refuses_says_why_in_one_line():
+    from swarmtune.engine.chat_template import TemplateError
+
+    t = ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}")
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        t.render([{"role": "user", "content": "x"}])
+
+
+def test_tool_call_to_openai_shape():
+    c = ToolCall("read_file", '{"path": "a"}', "call_x")
+    assert c.to_openai(0) == {"index": 0, "id": "call_x", "type": "function",
+                              "function": {"name": "read_file", "arguments": '{"path": "a"}'}}
