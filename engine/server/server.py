@@ -24,9 +24,12 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.served import ServedAgents
+from swarmtune.engine.server.anthropic_api import add_anthropic_routes
+from swarmtune.engine.server.bridge import Bridge
 from swarmtune.engine.server.metrics import make_registry
 from swarmtune.engine.server.openai_api import add_openai_routes
 from swarmtune.engine.server.openai_schema import error_body
+from swarmtune.engine.server.responses_api import add_responses_routes
 from swarmtune.engine.server.runner import EngineRunner
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
@@ -76,12 +79,16 @@ class BearerAuth:
     def __init__(self, app, token: str | None) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
+        self.key = token.encode() if token else None
 
     async def __call__(self, scope, receive, send):
         if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        got = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if hmac.compare_digest(got, self.expected):
+        headers = dict(scope.get("headers") or [])
+        got = headers.get(b"authorization", b"")
+        key = headers.get(b"x-api-key")  # Anthropic's clients send the key so
+        if hmac.compare_digest(got, self.expected) or (key is not None and self.key is not None
+                                                       and hmac.compare_digest(key, self.key)):
             return await self.app(scope, receive, send)
         # OpenAI's error shape: an OpenAI client shows its message ("detail" kept for older swarmtune clients)
         resp = JSONResponse({"error": {"message": "missing or wrong API key: send it as 'Authorization: Bearer "
@@ -196,7 +203,10 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     if served is not None:
-        add_openai_routes(app, runner, served)
+        bridge = Bridge(runner, served)
+        add_openai_routes(app, bridge)
+        add_anthropic_routes(app, bridge)
+        add_responses_routes(app, bridge)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -1,0 +1,184 @@
+"""What every serving API (OpenAI's chat and completions, Anthropic's messages, OpenAI's responses) does
+alike: render the conversation with the model's template, check the prompt against an agent's context,
+plan the tools and the grammar, queue the request, and read its reply back from the engine's thread.
+
+An API module turns its own body into these calls and the reply into its own shape; none of them knows
+another's."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.prompt import PromptRenderer
+from swarmtune.engine.sampling import SamplingParams
+from swarmtune.engine.served import Closed, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.server.openai_schema import BadRequest
+from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.engine.tool_calls import call_grammar, json_grammar
+
+AGENT_HEADER = "x-swarmtune-agent"  # pins a conversation to an agent, as a body's user field does
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools and output format make of its prompt, its sampling and its reply."""
+
+    offered: list[dict[str, Any]] | None  # the tools the prompt shows (OpenAI's shape)
+    grammar: str | None  # what sampling keeps to
+    names: set[str] | None  # the functions a call may name
+    parse: bool  # whether the reply is read for calls
+    parallel: bool = True
+
+
+def plan_tools(tools: list[dict[str, Any]], choice: str, fam: str, parallel: bool = True,
+               json_schema: dict[str, Any] | None = None, json_output: bool = False) -> ToolPlan:
+    """choice: auto | none | required | the name of the one function to call. json_output: the reply is a
+    JSON object (json_schema: one that validates)."""
+    try:
+        grammar = json_grammar(json_schema) if json_output else None
+        if not tools or choice == "none":
+            if choice not in ("auto", "none"):
+                raise BadRequest("tool_choice asks for a call, but the request has no tools", "tool_choice")
+            return ToolPlan(None, grammar, None, False)
+        names = {t["function"]["name"] for t in tools}
+        if choice == "required":
+            return ToolPlan(tools, call_grammar(tools, fam, parallel), names, True, parallel)
+        if choice != "auto":
+            if choice not in names:
+                raise BadRequest(f"tool_choice names {choice!r}, which is not among the tools", "tool_choice")
+            chosen = [t for t in tools if t["function"]["name"] == choice]
+            return ToolPlan(tools, call_grammar(chosen, fam, parallel=False), {choice}, True, False)
+        return ToolPlan(tools, grammar, names, True, parallel)
+    except UserError as e:  # a schema the grammar cannot express
+        raise BadRequest(str(e), e.field) from None
+
+
+def model_id(path: str) -> str:
+    """What /v1/models calls the loaded model: its file's name, as llama-server names it by default."""
+    return Path(path).name if path else "swarmtune"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A body's sampling fields; None: llama-server's default, which its users' agents are tuned on."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def params(self, grammar: str | None) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature if self.temperature is not None else 0.8,
+            top_k=self.top_k if self.top_k is not None else 40,
+            top_p=self.top_p if self.top_p is not None else 0.95,
+            min_p=self.min_p if self.min_p is not None else 0.05,
+            seed=self.seed if self.seed is not None else time.monotonic_ns() & 0x7FFFFFFF,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            grammar=grammar,
+        )
+
+
+class Bridge:
+    def __init__(self, runner: EngineRunner, served: ServedAgents) -> None:
+        self.runner, self.served = runner, served
+        self.backend = runner.engine.backend
+        self.renderer = PromptRenderer(self.backend)
+        self.model = model_id(runner.engine.facts.path)
+        self.created = int(time.time())
+
+    @property
+    def family(self) -> str:
+        return self.renderer.family
+
+    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     param: str = "messages") -> list[int]:
+        try:
+            text = self.renderer.render(messages, tools)
+        except UserError as e:
+            raise BadRequest(str(e), param) from None
+        return await asyncio.to_thread(self.backend.tokenize, text)
+
+    async def tokenize(self, text: str) -> list[int]:
+        return await asyncio.to_thread(self.backend.tokenize, text)
+
+    def request(self, prompt: list[int], limit: int | None, sampling: Sampling, stop: tuple[str, ...],
+                key: str | None, endpoint: str, grammar: str | None = None, prompt_param: str = "messages",
+                limit_param: str = "max_tokens") -> ServedRequest:
+        """The request, checked: a prompt that fits an agent's context, a limit that fits after it."""
+        ctx = self.runner.engine.s.ctx_per_agent
+        if not prompt:
+            raise BadRequest("the prompt is empty", prompt_param)
+        if len(prompt) + 2 > ctx:
+            raise BadRequest(f"the prompt is {len(prompt)} tokens; an agent's context holds {ctx} (--ctx), "
+                             "one generated token included", prompt_param, code="context_length_exceeded")
+        room = ctx - 2 - len(prompt)
+        if limit is not None and limit > room:
+            raise BadRequest(f"{limit_param} {limit} is past the context: the prompt is {len(prompt)} tokens and "
+                             f"an agent's context holds {ctx} (--ctx), so at most {room}", limit_param,
+                             code="context_length_exceeded")
+        if grammar is not None and (why := self.backend.check_grammar(grammar)) is not None:
+            raise BadRequest(f"the output cannot be constrained: {why}", "tools")
+        return ServedRequest(prompt=prompt, max_tokens=limit if limit is not None else room,
+                             params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint)
+
+    def submit(self, req: ServedRequest) -> asyncio.Queue:
+        """Queue it; its events arrive on the returned queue. Raises Busy (the queue is full)."""
+        if self.runner.error:
+            raise BadRequest(f"the engine stopped: {self.runner.error}", status=503, code="engine_stopped")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def emit(event: Delta | Finished | Closed) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, event)
+            except RuntimeError:  # the server's loop is gone (shutting down): nobody is listening
+                pass
+
+        req.emit = emit
+        self.served.submit(req)
+        return q
+
+    async def collect(self, request: Request, req: ServedRequest,
+                      q: asyncio.Queue) -> tuple[str, Finished] | Closed | None:
+        """The whole reply; Closed if the server stops first; None if the client left first (then the
+        request is cancelled)."""
+        parts: list[str] = []
+        while True:
+            try:
+                ev = await asyncio.wait_for(q.get(), timeout=1.0)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    self.served.cancel(req)
+                    return None
+                continue
+            if isinstance(ev, Delta):
+                parts.append(ev.text)
+            elif isinstance(ev, Closed):
+                return ev
+            else:
+                return "".join(parts), ev
+
+    async def events(self, req: ServedRequest, q: asyncio.Queue) -> AsyncIterator[Delta | Finished | Closed]:
+        """The reply as it comes; the request is cancelled if the client leaves before its end."""
+        done = False
+        try:
+            while True:
+                ev = await q.get()
+                yield ev
+                if isinstance(ev, Finished | Closed):
+                    done = True
+                    return
+        finally:
+            if not done:
+                self.served.cancel(req)

@@ -1,0 +1,251 @@
+"""OpenAI's Responses API over the served agents (what Codex CLI speaks): POST /v1/responses, streamed or
+not, with `input` (a string or items), `instructions`, function `tools` and `previous_response_id`.
+
+A response's id maps to its conversation (every item so far and its output), so a request naming it
+continues that conversation, and, its prompt beginning with the agent's history, the same agent and its
+cells. The map keeps the latest RESPONSES_KEPT responses; an id it no longer holds, or never did, is a
+400 that says so."""
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarmtune.engine.served import Busy, Closed, Delta, Finished
+from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
+from swarmtune.engine.server.openai_api import busy_response, closed_response
+from swarmtune.engine.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
+from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
+
+RESPONSES_KEPT = 4096
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionOutputItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class NamedFunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    input: str | list[Annotated[MessageItem | FunctionCallItem | FunctionOutputItem, Field(union_mode="left_to_right")]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    previous_response_id: str | None = None
+    stream: bool = False
+    user: str | None = None
+    store: bool = True
+
+
+def _items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as engine/prompt.py's messages."""
+    if isinstance(body.input, str):
+        return [{"role": "user", "content": body.input}]
+    out: list[dict[str, Any]] = []
+    for it in body.input:
+        if isinstance(it, MessageItem):
+            out.append({"role": "system" if it.role == "developer" else it.role, "content": it.text()})
+        elif isinstance(it, FunctionCallItem):
+            call = ToolCall(it.name, it.arguments, it.call_id)
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        else:
+            out.append({"role": "tool", "content": it.output, "tool_call_id": it.call_id})
+    return out
+
+
+def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
+    kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # response id -> its conversation, with output
+
+    def keep(rid: str, conversation: list[dict[str, Any]]) -> None:
+        kept[rid] = conversation
+        while len(kept) > RESPONSES_KEPT:
+            kept.popitem(last=False)
+
+    @app.post("/v1/responses", summary="OpenAI Responses: each conversation is an agent", response_class=Response)
+    async def responses(request: Request) -> Response:
+        try:
+            body = validated(ResponsesRequest, parse_json(await request.body()))
+            history: list[dict[str, Any]] = []
+            if body.previous_response_id is not None:
+                if body.previous_response_id not in kept:
+                    raise BadRequest(f"previous_response_id {body.previous_response_id!r} is unknown here: never "
+                                     f"made, or past the {RESPONSES_KEPT} responses this server keeps",
+                                     "previous_response_id", code="previous_response_not_found")
+                history = [m for m in kept[body.previous_response_id] if m["role"] != "system"]
+            messages = history + _items(body)
+            if body.instructions:  # instructions are the request's own: they do not carry over
+                messages = [{"role": "system", "content": body.instructions}, *messages]
+            if not messages:
+                raise BadRequest("input is empty", "input")
+            tc = body.tool_choice
+            choice = tc.name if isinstance(tc, NamedFunctionChoice) else (tc or "auto")
+            tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                     for t in body.tools or []]
+            p = plan_tools(tools, choice, bridge.family, body.parallel_tool_calls)
+            prompt = await bridge.prompt(messages, p.offered, "input")
+            key = request.headers.get(AGENT_HEADER) or body.user or None
+            req = bridge.request(prompt, body.max_output_tokens, Sampling(body.temperature, body.top_p), (), key,
+                                 "responses", p.grammar, "input", "max_output_tokens")
+            q = bridge.submit(req)
+        except BadRequest as e:
+            return error_response(e)
+        except Busy as e:
+            return busy_response(e)
+        rid, created = f"resp_{req.id}", int(time.time())
+
+        def response(status: str, output: list[dict[str, Any]], fin: Finished | None) -> dict[str, Any]:
+            usage = None
+            if fin is not None:
+                u = fin.usage
+                usage = {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+                         "total_tokens": u.prompt_tokens + u.completion_tokens,
+                         "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": 0}}
+            incomplete = {"reason": "max_output_tokens"} if fin is not None and fin.reason == "length" else None
+            return {"id": rid, "object": "response", "created_at": created, "model": bridge.model,
+                    "status": "incomplete" if incomplete else status, "incomplete_details": incomplete,
+                    "output": output, "usage": usage, "previous_response_id": body.previous_response_id,
+                    "instructions": body.instructions, "tools": [t.model_dump() for t in body.tools or []],
+                    "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) else "auto",
+                    "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature,
+                    "top_p": body.top_p, "max_output_tokens": body.max_output_tokens, "error": None,
+                    "metadata": {}, "text": {"format": {"type": "text"}}, "store": body.store}
+
+        def output_of(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            if text:
+                out.append({"type": "message", "id": f"msg_{req.id}", "status": "completed", "role": "assistant",
+                            "content": [{"type": "output_text", "text": text, "annotations": []}]})
+            out += [{"type": "function_call", "id": f"fc_{c.id.removeprefix('call_')}", "call_id": c.id,
+                     "name": c.name, "arguments": c.arguments, "status": "completed"} for c in calls]
+            return out
+
+        def remember(text: str, calls: list[ToolCall]) -> None:
+            reply: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                reply["tool_calls"] = calls
+            keep(rid, [m for m in messages if m["role"] != "system" or not body.instructions] + [reply])
+
+        if not body.stream:
+            got = await bridge.collect(request, req, q)
+            if got is None:
+                return Response(status_code=499)
+            if isinstance(got, Closed):
+                return closed_response(got)
+            text, fin = got
+            content, calls = parse(text, bridge.family, p.names) if p.parse else (text, [])
+            remember(content, calls)
+            return JSONResponse(response("completed", output_of(content, calls), fin))
+
+        async def stream() -> AsyncIterator[bytes]:
+            seq = 0
+
+            def event(kind: str, **data: Any) -> bytes:
+                nonlocal seq
+                seq += 1
+                return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **data})}\n\n".encode()
+
+            yield event("response.created", response=response("in_progress", [], None))
+            yield event("response.in_progress", response=response("in_progress", [], None))
+            calls = CallStream(bridge.family, p.names, p.parse)
+            mid, sent, opened = f"msg_{req.id}", [], False
+            async for ev in bridge.events(req, q):
+                if isinstance(ev, Delta):
+                    if text := calls.feed(ev.text):
+                        if not opened:
+                            opened = True
+                            yield event("response.output_item.added", output_index=0, item={
+                                "type": "message", "id": mid, "status": "in_progress", "role": "assistant",
+                                "content": []})
+                            yield event("response.content_part.added", item_id=mid, output_index=0, content_index=0,
+                                        part={"type": "output_text", "text": "", "annotations": []})
+                        sent.append(text)
+                        yield event("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
+                                    delta=text, logprobs=[])
+                elif isinstance(ev, Closed):
+                    yield f"event: error\ndata: {json.dumps(error_body(ev.message, 'server_error'))}\n\n".encode()
+                else:
+                    rest, made = calls.finish()
+                    if rest and not opened:
+                        opened = True
+                        yield event("response.output_item.added", output_index=0, item={
+                            "type": "message", "id": mid, "status": "in_progress", "role": "assistant",
+                            "content": []})
+                    if rest:
+                        sent.append(rest)
+                        yield event("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
+                                    delta=rest, logprobs=[])
+                    text = "".join(sent)
+                    if opened:
+                        yield event("response.output_text.done", item_id=mid, output_index=0, content_index=0,
+                                    text=text, logprobs=[])
+                        yield event("response.output_item.done", output_index=0,
+                                    item=output_of(text, [])[0] if text else {})
+                    for i, c in enumerate(made, start=1 if opened else 0):
+                        item = output_of("", [c])[0]
+                        yield event("response.output_item.added", output_index=i, item={**item, "arguments": "",
+                                                                                        "status": "in_progress"})
+                        yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
+                                    delta=c.arguments)
+                        yield event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                                    arguments=c.arguments)
+                        yield event("response.output_item.done", output_index=i, item=item)
+                    remember(text, made)
+                    yield event("response.completed", response=response("completed", output_of(text, made), ev))
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
