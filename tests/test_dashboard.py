@@ -194,7 +194,7 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
     source = HostedSource(EngineRunner(e, served=served), served, "127.0.0.1", 0, None)
     app = SwarmApp(source)
     async with app.run_test(size=(160, 50)) as pilot:
-        assert await wait_for(pilot, lambda: source.server.started and "127.0.0.1:0" not in source.status)
+        assert await wait_for(pilot, lambda: source.server.started and "127.0.0.1:0" not in source.status, 60)
         url = source.status.split()[1]
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             r = await http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 40}],
@@ -202,7 +202,7 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         # its row: its key, and (once the paced sim's records catch up) waiting for its client
         assert await wait_for(pilot, lambda: any(a.label == "reviewer" and a.state == "client"
-                                                 for a in app.stats.latest.agents))
+                                                 for a in app.stats.latest.agents), 60)
         await pilot.press("k")  # the dashboard's controls reach the served engine
         assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
         await pilot.press("q")

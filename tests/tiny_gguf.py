@@ -213,3 +213,19 @@ def lfm2(path: Path, n_layer: int = 6, l_cache: int = 17) -> Path:
             t.tensor(f"blk.{i}.shortconv.in_proj.weight", N_EMBD, 3 * N_EMBD)
             t.tensor(f"blk.{i}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
     return t.finish()
+
+
+def llama_dense(path: Path, chat_template: str, n_layer: int = 2) -> Path:
+    """A dense Llama-architecture model carrying a family's chat template (tokenizer.chat_template)."""
+    t = TinyWriter(path, "llama", n_layer)
+    t.attention_shape(N_HEAD)
+    t.w.add_chat_template(chat_template)
+    t.w.add_rope_dimension_count(HEAD_DIM)
+    t.embeddings(untied=False)
+    t.ones("output_norm.weight", N_EMBD)
+    for i in range(n_layer):
+        t.ones(f"blk.{i}.attn_norm.weight", N_EMBD)
+        t.attention(i, N_HEAD, norms=False)
+        t.ones(f"blk.{i}.ffn_norm.weight", N_EMBD)
+        t.ffn(i)
+    return t.finish()
