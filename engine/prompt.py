@@ -6,6 +6,7 @@ calls and results in the structure Hugging Face templates expect, for a template
 written into the text in the model family's format, for one that does not); the backend's built-in
 rendering otherwise (the simulated backend's ChatML)."""
 
+import hashlib
 import json
 from typing import Any
 
@@ -24,7 +25,7 @@ class PromptRenderer:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         if self.template is not None and self.template.knows_tools:
-            return self.template.render([self._structured(m) for m in messages], tools)
+            return self.template.render([self._structured(m, self.family) for m in messages], tools)
         flat = [self._flat(m) for m in messages]
         if self.template is not None:
             return self.template.render(flat, tools)
@@ -43,16 +44,25 @@ class PromptRenderer:
         return {"role": m["role"], "content": content}
 
     @staticmethod
-    def _structured(m: dict[str, Any]) -> dict[str, Any]:
+    def _structured(m: dict[str, Any], fam: str) -> dict[str, Any]:
         out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         calls: list[ToolCall] = m.get("tool_calls") or []
+        ident = _mistral_id if fam == "mistral" else (lambda i: i)
         if calls:
-            out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name,
-                                                                              "arguments": _as_object(c.arguments)}}
+            out["tool_calls"] = [{"type": "function", "id": ident(c.id),
+                                  "function": {"name": c.name, "arguments": _as_object(c.arguments)}}
                                  for c in calls]
         if m.get("tool_call_id"):
-            out["tool_call_id"] = m["tool_call_id"]
+            out["tool_call_id"] = ident(m["tool_call_id"])
         return out
+
+
+def _mistral_id(call_id: str) -> str:
+    """Mistral's templates refuse a call id that is not 9 letters and digits; a client's id maps to one,
+    the same for the call and its result."""
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    return hashlib.sha1(call_id.encode()).hexdigest()[:9]
 
 
 def _as_object(arguments: str) -> Any:

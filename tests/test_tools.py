@@ -112,3 +112,22 @@ def test_tool_call_to_openai_shape():
     c = ToolCall("read_file", '{"path": "a"}', "call_x")
     assert c.to_openai(0) == {"index": 0, "id": "call_x", "type": "function",
                               "function": {"name": "read_file", "arguments": '{"path": "a"}'}}
+
+
+def test_a_mistral_template_gets_nine_character_call_ids_for_the_call_and_its_result():
+    from swarmtune.engine.prompt import PromptRenderer
+
+    class Model:  # what PromptRenderer reads of a backend
+        jinja_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}[CALL {{ c.id }}]{% endfor %}"
+                          "{% if m.tool_call_id %}[RESULT {{ m.tool_call_id }}]{% endif %}{% endfor %}"
+                          "{% if tools %}[TOOL_CALLS]{% endif %}")
+
+        def special_text(self, which: str) -> str:
+            return ""
+
+    r = PromptRenderer(Model())  # type: ignore[arg-type]
+    long_id = "call_0123456789abcdef01234567"
+    out = r.render([{"role": "assistant", "content": "", "tool_calls": [ToolCall("read_file", "{}", long_id)]},
+                    {"role": "tool", "content": "ok", "tool_call_id": long_id}], [READ])
+    call_id = out.split("[CALL ")[1].split("]")[0]
+    assert len(call_id) == 9 and call_id.isalnum() and f"[RESULT {call_id}]" in out

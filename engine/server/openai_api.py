@@ -73,8 +73,12 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
 
     @app.get("/v1/models", summary="the loaded model (a request naming another is served by it)")
     async def models() -> dict[str, Any]:
+        # meta, as llama-server's: how prompts are rendered and which call format replies are read for (a
+        # template of an unknown family is offered and read in the Hermes format)
         return {"object": "list", "data": [{"id": model, "object": "model", "created": bridge.created,
-                                             "owned_by": "swarmtune"}]}
+                                             "owned_by": "swarmtune",
+                                             "meta": {"chat_template": bridge.renderer.how,
+                                                      "tool_call_format": bridge.family}}]}
 
     @app.post("/v1/chat/completions", summary="OpenAI chat completions: each conversation is an agent",
               response_class=Response)
