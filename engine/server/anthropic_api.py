@@ -151,6 +151,14 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def text_delta(index: int, text: str, opened: bool) -> bytes:
+    """Text for the text block at index: its content_block_start first, if it is not open yet."""
+    start = b"" if opened else _sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                           "content_block": {"type": "text", "text": ""}})
+    return start + _sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                "delta": {"type": "text_delta", "text": text}})
+
+
 def _usage(fin: Finished) -> dict[str, Any]:
     u = fin.usage
     # Anthropic counts the input read from its cache apart from the rest
@@ -224,12 +232,8 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
             async for ev in bridge.events(req, q):
                 if isinstance(ev, Delta):
                     if text := calls.feed(ev.text):
-                        if not text_open:
-                            yield _sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                               "content_block": {"type": "text", "text": ""}})
-                            text_open = True
-                        yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                           "delta": {"type": "text_delta", "text": text}})
+                        yield text_delta(index, text, text_open)
+                        text_open = True
                     elif time.monotonic() - last_ping > 10:  # a long call being written: the line stays alive
                         last_ping = time.monotonic()
                         yield _sse("ping", {"type": "ping"})
@@ -238,12 +242,8 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
                 else:
                     rest, made = calls.finish()
                     if rest:
-                        if not text_open:
-                            yield _sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                               "content_block": {"type": "text", "text": ""}})
-                            text_open = True
-                        yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                           "delta": {"type": "text_delta", "text": rest}})
+                        yield text_delta(index, rest, text_open)
+                        text_open = True
                     if text_open:
                         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
                         index += 1

@@ -1,6 +1,7 @@
 """OpenAI's API over the served agents: POST /v1/chat/completions (tools, tool_choice, response_format)
 and /v1/completions, streamed as Server-Sent Events or not; GET /v1/models."""
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -9,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from swarmtune.engine.served import Busy, Closed, Delta, Usage
+from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
 from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
 from swarmtune.engine.server.openai_schema import (
     BadRequest,
@@ -64,6 +65,18 @@ def closed_response(c: Closed) -> JSONResponse:
     return JSONResponse(error_body(c.message, "server_error", None, "shutting_down"), status_code=503)
 
 
+async def whole_reply(bridge: Bridge, request: Request, req: ServedRequest,
+                      q: asyncio.Queue) -> tuple[str, Finished] | Response:
+    """The whole reply, or what an OpenAI client gets instead: 503 if the server stops first, nothing (499)
+    if the client left."""
+    got = await bridge.collect(request, req, q)
+    if got is None:
+        return Response(status_code=499)
+    if isinstance(got, Closed):
+        return closed_response(got)
+    return got
+
+
 def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
     model = bridge.model
 
@@ -105,11 +118,9 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             return busy_response(e)
         cid = f"chatcmpl-{req.id}"
         if not body.stream:
-            got = await bridge.collect(request, req, q)
-            if got is None:
-                return Response(status_code=499)
-            if isinstance(got, Closed):
-                return closed_response(got)
+            got = await whole_reply(bridge, request, req, q)
+            if isinstance(got, Response):
+                return got
             text_out, fin = got
             content, calls = parse(text_out, bridge.family, plan.names) if plan.parse else (text_out, [])
             message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
@@ -184,11 +195,9 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
         cid = f"cmpl-{req.id}"
         echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
         if not body.stream:
-            got = await bridge.collect(request, req, q)
-            if got is None:
-                return Response(status_code=499)
-            if isinstance(got, Closed):
-                return closed_response(got)
+            got = await whole_reply(bridge, request, req, q)
+            if isinstance(got, Response):
+                return got
             text_out, fin = got
             return JSONResponse({
                 "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
 from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
-from swarmtune.engine.server.openai_api import busy_response, closed_response
+from swarmtune.engine.server.openai_api import busy_response, whole_reply
 from swarmtune.engine.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
 
@@ -180,11 +180,9 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             keep(rid, [m for m in messages if m["role"] != "system" or not body.instructions] + [reply])
 
         if not body.stream:
-            got = await bridge.collect(request, req, q)
-            if got is None:
-                return Response(status_code=499)
-            if isinstance(got, Closed):
-                return closed_response(got)
+            got = await whole_reply(bridge, request, req, q)
+            if isinstance(got, Response):
+                return got
             text, fin = got
             content, calls = parse(text, bridge.family, p.names) if p.parse else (text, [])
             remember(content, calls)
