@@ -26,20 +26,22 @@ class PromptRenderer:
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         if self.template is not None and self.template.knows_tools:
             return self.template.render([self._structured(m, self.family) for m in messages], tools)
-        flat = [self._flat(m) for m in messages]
+        flat = [self._flat(m, wrap_results=bool(tools)) for m in messages]
         if self.template is not None:
             return self.template.render(flat, tools)
         if tools:
             flat = with_tools_in_system(flat, tools)
         return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in flat], add_assistant=True)
 
-    def _flat(self, m: dict[str, Any]) -> dict[str, Any]:
-        """Calls and results written into the text, as the model family writes them."""
+    def _flat(self, m: dict[str, Any], wrap_results: bool) -> dict[str, Any]:
+        """Calls and results written into the text, as the model family writes them. A tool message of a
+        request without tools stays as it came (as llama-server renders it): only the offered format
+        wraps results in tags."""
         content = m.get("content") or ""
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(render_call(self.family, c.name, c.arguments) for c in m["tool_calls"])
             content = f"{content}\n{calls}" if content else calls
-        elif m["role"] == "tool":
+        elif m["role"] == "tool" and wrap_results:
             content = render_result(content)
         return {"role": m["role"], "content": content}
 
