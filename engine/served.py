@@ -141,8 +141,8 @@ class ServedAgents:
         self._gen: deque[int] = deque(maxlen=SHAPE_TURNS)
         self._added: deque[int] = deque(maxlen=SHAPE_TURNS)
         self._waits: deque[float] = deque(maxlen=SHAPE_TURNS)
-        self.busy_agents = 0
-        self.idle_agents = 0
+        self.busy_agents = 0  # read by /metrics and the dashboard's status line
+        self._shape: TrafficShape | None = None
 
     # the server's threads
     def submit(self, req: ServedRequest) -> None:
@@ -183,12 +183,16 @@ class ServedAgents:
         return out
 
     def traffic(self) -> TrafficShape | None:
-        """The traffic's shape once a few turns have ended; None before."""
+        """The traffic's shape once a few turns have ended; None before. The engine asks every step: it is
+        worked out only when a turn ends or returns (_reshape)."""
+        return self._shape
+
+    def _reshape(self) -> None:
         if len(self._gen) < 4:
-            return None
+            return
         med = _median
-        return TrafficShape(_bucket(med(self._gen)), _bucket(med(self._added)) if self._added else 1,
-                            round(med(self._waits), 1) if self._waits else 0.0)
+        self._shape = TrafficShape(_bucket(med(self._gen)), _bucket(med(self._added)) if self._added else 1,
+                                   round(med(self._waits), 1) if self._waits else 0.0)
 
     # the engine's thread (engine/agent_source.py)
     def start_task(self, agent: Agent) -> None:
@@ -259,6 +263,7 @@ class ServedAgents:
             reason = "length" if agent.context + 2 >= agent.limit else "stop"
         self._close(req, reason, now_s)
         self._gen.append(req.completion_tokens)
+        self._reshape()
         self._replied_at[agent.id] = time.perf_counter()
         self._last_used[agent.id] = time.perf_counter()
 
@@ -294,7 +299,6 @@ class ServedAgents:
                 gone = set(map(id, taken))
                 self._queue = deque(r for r in self._queue if id(r) not in gone)
         self.busy_agents = len(self._active)
-        self.idle_agents = len(agents) - self.busy_agents
 
     # which agent a request continues
     def _idle(self, agents: list[Agent]) -> list[Agent]:
@@ -339,6 +343,7 @@ class ServedAgents:
         if a.id in self._replied_at and keep:
             self._waits.append(time.perf_counter() - self._replied_at.pop(a.id))
             self._added.append(len(req.prompt) - keep)
+            self._reshape()
         keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
         self._rewind(a, keep)
         if not a.history and not a.pending and self.copy_prefix:

@@ -31,10 +31,11 @@ class HostedSource:
 
     @property
     def status(self) -> str:
+        url = self.url
         if self.server.started and self.server.servers and self.server.servers[0].sockets:
             host, port = self.server.servers[0].sockets[0].getsockname()[:2]  # --port 0 picks one
-            self.url = f"http://{host}:{port}"
-        return f"serving {self.url}/v1 · {self.served.busy_agents} busy, {self.served.queued} queued"
+            url = f"http://{host}:{port}"
+        return f"serving {url}/v1 · {self.served.busy_agents} busy, {self.served.queued} queued"
 
     @property
     def paused(self) -> bool:
