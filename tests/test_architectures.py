@@ -183,7 +183,7 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
     # every tensor byte is accounted for: always-read, experts, embedding rows
     rows = tg.VOCAB if bm.embd_row_bytes else 0
     assert bm.all_weight_bytes + rows * bm.embd_row_bytes == pytest.approx(facts.tensor_bytes)
-    b = LlamaBackend(facts, n_threads=2, chunk_tokens=CHUNK, measure_routing=bm.is_moe)
+    b = LlamaBackend(facts, n_threads=1, chunk_tokens=CHUNK, measure_routing=bm.is_moe)
     try:
         assert ll.llama_model_size(b.model) == facts.tensor_bytes
         b.open("f16", N_SEQS, CTX)
@@ -281,7 +281,7 @@ def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
     from swarmtune.engine.engine import Engine, EngineSettings
     from swarmtune.engine.llama_backend import LlamaBackend
 
-    b = LlamaBackend(read_model_facts(tiny_models[family]), n_threads=2, chunk_tokens=CHUNK)
+    b = LlamaBackend(read_model_facts(tiny_models[family]), n_threads=1, chunk_tokens=CHUNK)
     try:
         e = Engine(b, EngineSettings(agents=2, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, check=True))
         for _ in range(40):
@@ -299,13 +299,13 @@ def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
     from swarmtune.engine.llama_backend import LlamaBackend
 
     msgs = [{"role": "user", "content": "hi"}]
-    gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=2)
+    gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=1)
     try:
         assert "built-in 'gemma'" in gemma.info.settings["chat_template"]
         assert gemma.chat(msgs, add_assistant=True).startswith("<start_of_turn>user\nhi<end_of_turn>")
     finally:
         gemma.close()
-    mamba = LlamaBackend(read_model_facts(tiny_models["mamba"]), n_threads=2)
+    mamba = LlamaBackend(read_model_facts(tiny_models["mamba"]), n_threads=1)
     try:
         assert mamba.info.settings["chat_template"].startswith("ChatML")  # llama.cpp has none for mamba
         assert mamba.chat(msgs, add_assistant=True).startswith("<|im_start|>user\nhi<|im_end|>")

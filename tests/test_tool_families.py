@@ -41,7 +41,7 @@ TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
 @pytest.mark.parametrize(("fam", "template"), [("hermes", QWEN), ("llama3", LLAMA3), ("mistral", MISTRAL)])
 def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path, fam, template):
     path = llama_dense(tmp_path / f"{fam}.gguf", template)
-    backend = LlamaBackend(read_model_facts(path), n_threads=2)
+    backend = LlamaBackend(read_model_facts(path), n_threads=1)
     try:
         renderer = PromptRenderer(backend)
         assert renderer.family == fam and renderer.template is not None and renderer.template.knows_tools

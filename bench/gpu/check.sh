@@ -22,6 +22,7 @@ LLAMA_VERSION=0.3.36
 CUDA_ARCH=${CUDA_ARCH:-90}  # H100 / H200
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-420}
 SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240}
+THREADS=${THREADS:-}  # the sweep's llama.cpp threads; empty: one per core (a busy 2-core machine wants 1)
 export COLUMNS=${COLUMNS:-150}  # rich tables in the log, unwrapped
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -206,7 +207,8 @@ fi
 s0=$SECONDS
 rc=0
 timeout "$SWEEP_TIMEOUT" "${CLI_CMD[@]}" sweep --model "$MODEL" --batch "$BATCHES" --contexts "$CONTEXTS" \
-    --steps "$STEPS" --power "$POWER" --json "$OUT/sweep.json" --png "$OUT/sweep.png" || rc=$?
+    --steps "$STEPS" --power "$POWER" ${THREADS:+--threads "$THREADS"} --json "$OUT/sweep.json" \
+    --png "$OUT/sweep.png" || rc=$?
 if [[ -n $SMI_PID ]]; then
     kill "$SMI_PID" 2>/dev/null || true
     SMI_PID=
