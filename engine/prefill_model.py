@@ -28,6 +28,11 @@ class PrefillFit:
         """Every chunk's time times factor: a model corrected by what its chunks measured against it."""
         return PrefillFit(self.per_token_seconds * factor, self.per_token_position_seconds * factor, self.samples)
 
+    def attention_scaled(self, factor: float) -> "PrefillFit":
+        """The cost that grows with the position (attention over the cached cells) times factor; the
+        per-token cost of the weights as it was."""
+        return PrefillFit(self.per_token_seconds, self.per_token_position_seconds * factor, self.samples)
+
     def record(self) -> dict:
         return {"per_token_seconds": self.per_token_seconds,
                 "per_token_position_seconds": self.per_token_position_seconds, "samples": self.samples}

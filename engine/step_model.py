@@ -96,6 +96,12 @@ class Fit:
                    self.rms_relative_error, self.samples, self.median_error, self.checked,
                    self.per_longest_token_seconds * factor, self.timed_tokens)
 
+    def attention_scaled(self, factor: float) -> "Fit":
+        """The attention terms (what grows with the cached tokens) times factor, the batch cost as it was:
+        a KV type differs from another in how it reads its cells, not in the weights a step streams."""
+        return Fit(self.knots, self.per_kv_token_seconds * factor, self.rms_relative_error, self.samples,
+                   self.median_error, self.checked, self.per_longest_token_seconds * factor, self.timed_tokens)
+
     @cached_property
     def record(self) -> dict:
         """As a record's `fit`: built once per refit, not once per step (every decode record carries it)."""

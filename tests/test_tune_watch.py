@@ -34,6 +34,12 @@ class _Model:
     def move_seconds(self, nbytes):
         return nbytes / 1e9
 
+    def decode_base_seconds(self, batch, kv):
+        return 0.005 * batch
+
+    def prefill_base_seconds(self, tokens, kv):
+        return 0.0005 * tokens
+
 
 def _decode(seconds: float, i: int) -> StepRecord:
     return StepRecord(step=i, t=float(i), kind="decode", batch=4, batch_ids=[0, 1, 2, 3], batch_cap=4, kv_type="q8_0",
@@ -115,3 +121,21 @@ def test_a_short_run_tries_kv_types_on_the_swarm_rather_than_probing_them():
     # a probe costs 3-8 s here: 4-8% of a 100 s run, under 1% of a long one
     assert not Tuner(Goal(run_s=100.0)).probes_pay()
     assert Tuner(Goal(run_s=3600.0)).probes_pay() and Tuner(Goal()).probes_pay()
+
+
+def test_a_kv_types_measured_difference_grows_with_the_contexts_as_attention_does():
+    # a type measured 1.2x its model where half the modeled step was attention: its attention is 1.4x, so
+    # at a context where attention is most of the step it is nearly 1.4x slower, not 1.2x
+    from swarmtune.engine.step_model import Fit
+    from swarmtune.engine.tune.simulator import attention_factor
+
+    assert attention_factor(1.2, 0.5) == pytest.approx(1.4)
+    assert attention_factor(1.2, 0.9) is None  # attention too small a share to tell: the whole step scales
+    assert attention_factor(9.0, 0.5) == 4.0  # clamped: past that it is noise
+    fit = Fit(knots=((1, 0.01), (8, 0.02)), per_kv_token_seconds=1e-6, rms_relative_error=0.0, samples=40)
+    short, long = fit.step_seconds(8, 8 * 1250), fit.step_seconds(8, 8 * 100_000)
+    f = attention_factor(1.2, fit.batch_seconds(8) / short)
+    assert f is not None
+    corrected = fit.attention_scaled(f)
+    assert corrected.step_seconds(8, 8 * 1250) == pytest.approx(1.2 * short)
+    assert corrected.step_seconds(8, 8 * 100_000) / long > 1.35

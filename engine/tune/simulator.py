@@ -6,6 +6,22 @@ from swarmtune.engine.profiles import Profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.step_model import Fit
 
+# a correction is put on attention alone only where attention was at least this share of the modeled time:
+# below it, the steps' noise would be read as a large change of a small term
+ATTENTION_MIN_SHARE = 0.15
+# and by at most this factor either way (the probe's clamp, engine/kv_probe.py): past it, noise
+ATTENTION_MAX_FACTOR = 4.0
+
+
+def attention_factor(q: float, base_share: float) -> float | None:
+    """The factor on attention that makes measured over modeled time q, where the modeled time was
+    base_share fixed cost and the rest attention; None where attention was too small a share to tell."""
+    share = 1.0 - base_share
+    if share < ATTENTION_MIN_SHARE:
+        return None
+    f = (q - base_share) / share
+    return min(max(f, 1 / ATTENTION_MAX_FACTOR), ATTENTION_MAX_FACTOR)
+
 
 class CalibratedSim(SimBackend):
     """A simulator of this very run on a real backend: step times from the fit measured per KV type.
@@ -51,14 +67,37 @@ class SimStepCost:
     def calibrated(self) -> bool:
         return isinstance(self.sim, CalibratedSim)
 
-    def corrected(self, kv: str, decode: float, prefill: float) -> tuple[Fit, PrefillFit | None]:
-        """This model's fits for kv, every step time times `decode` and every prefill chunk's times `prefill`
-        (a calibrated simulator's; the sim profile's own roofline has none to correct)."""
+    def corrected(self, kv: str, decode: float, prefill: float, decode_base_share: float = 0.0,
+                  prefill_base_share: float = 0.0) -> tuple[Fit, PrefillFit | None]:
+        """This model's fits for kv, corrected by what its steps measured: `decode` and `prefill` are measured
+        over modeled time, `*_base_share` how much of the modeled time does not grow with the cached tokens.
+        The difference is put on attention (what a KV type changes) where attention was at least
+        ATTENTION_MIN_SHARE of the steps, so that it grows with the contexts as attention does: a type 1.1x
+        slower at 300 tokens a sequence is more so at 1,500. Elsewhere every step time is scaled alike.
+        (A calibrated simulator's; the sim profile's own roofline has none to correct.)"""
         if not isinstance(self.sim, CalibratedSim):
             raise ValueError("only a calibrated simulator's model is corrected")
         fit = self.sim.fits.get(kv) or self.sim.fits.get(self.sim.base_kv) or next(iter(self.sim.fits.values()))
         pre = self.sim.prefills.get(kv) or self.sim.prefills.get(self.sim.base_kv)
-        return fit.scaled(decode), None if pre is None else pre.scaled(prefill)
+        f = attention_factor(decode, decode_base_share)
+        new_fit = fit.scaled(decode) if f is None else fit.attention_scaled(f)
+        if pre is None:
+            return new_fit, None
+        g = attention_factor(prefill, prefill_base_share)
+        return new_fit, pre.scaled(prefill) if g is None else pre.attention_scaled(g)
+
+    def decode_base_seconds(self, batch: int, kv: str) -> float:
+        if not isinstance(self.sim, CalibratedSim):
+            return 0.0
+        fit = self.sim.fits.get(kv) or self.sim.fits.get(self.sim.base_kv) or next(iter(self.sim.fits.values()))
+        return fit.batch_seconds(batch)
+
+    def prefill_base_seconds(self, tokens: int, kv: str) -> float:
+        if not isinstance(self.sim, CalibratedSim):
+            return 0.0
+        sim = self.sim
+        pre = sim.prefills.get(kv) or sim.prefills.get(sim.base_kv) or next(iter(sim.prefills.values()))
+        return tokens * pre.per_token_seconds
 
     def decode_seconds(self, batch: int, contexts: list[float], kv: str) -> float:
         return self.sim.step_seconds(batch, sum(contexts), kv=kv, contexts=contexts)

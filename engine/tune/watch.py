@@ -52,7 +52,16 @@ class StepCost(Protocol):
 
     def move_seconds(self, nbytes: int) -> float: ...
 
-    def corrected(self, kv: str, decode: float, prefill: float) -> tuple: ...
+    def decode_base_seconds(self, batch: int, kv: str) -> float:
+        """The part of a decode step that does not grow with the cached tokens (the weights' stream)."""
+        ...
+
+    def prefill_base_seconds(self, tokens: int, kv: str) -> float:
+        """The part of a prefill chunk that does not grow with its position."""
+        ...
+
+    def corrected(self, kv: str, decode: float, prefill: float, decode_base_share: float = 0.0,
+                  prefill_base_share: float = 0.0) -> tuple: ...
 
     @property
     def calibrated(self) -> bool:
@@ -67,14 +76,22 @@ class Ratio:
 
     measured_s: float = 0.0
     modeled_s: float = 0.0
+    base_s: float = 0.0  # of modeled_s, what does not grow with the cached tokens
     log_ratios: list[float] = field(default_factory=list)
 
-    def add(self, measured: float, modeled: float) -> None:
+    def add(self, measured: float, modeled: float, base: float = 0.0) -> None:
         if modeled <= 0 or measured <= 0:
             return
         self.measured_s += measured
         self.modeled_s += modeled
+        self.base_s += min(max(base, 0.0), modeled)
         self.log_ratios.append(math.log(measured / modeled))
+
+    @property
+    def base_share(self) -> float:
+        """How much of the modeled time does not grow with the cached tokens: a correction of a KV type's
+        model scales the rest (its attention), where the rest is large enough to be told apart."""
+        return self.base_s / self.modeled_s if self.modeled_s > 0 else 0.0
 
     @property
     def q(self) -> float | None:
@@ -123,18 +140,24 @@ class Watch:
             ctx = {a.id: a.context for a in r.agents}
             contexts = [float(ctx.get(i, r.mean_context)) for i in r.batch_ids]
             modeled = self.model.decode_seconds(r.batch, contexts, r.kv_type)
-            self.decode.add(r.seconds, modeled)
+            self.decode.add(r.seconds, modeled, self.model.decode_base_seconds(r.batch, r.kv_type))
             self.decode_steps += 1
         elif r.kind == "prefill" and r.tokens and r.batch_ids and r.seconds > 0:
             after = next((a.context for a in r.agents if a.id == r.batch_ids[0]), r.tokens)
             modeled = self.model.prefill_seconds(r.tokens, max(after - r.tokens, 0), r.kv_type)
-            self.prefill.add(r.seconds, modeled)
+            self.prefill.add(r.seconds, modeled, self.model.prefill_base_seconds(r.tokens, r.kv_type))
         measured = r.seconds if modeled > 0 else 0.0
         for m in r.moved:
             if m.op in ("swap_out", "swap_in") and m.seconds > 0:
                 measured += m.seconds
                 modeled += self.model.move_seconds(m.bytes)
         self.total.add(measured, modeled)
+
+    def correction(self, kv: str, decode: float | None = None, prefill: float | None = None) -> tuple:
+        """The model of kv corrected by what its steps measured (by default their central q of each kind)."""
+        return self.model.corrected(kv, self.decode.bounds()[0] if decode is None else decode,
+                                    self.prefill.bounds()[0] if prefill is None else prefill,
+                                    self.decode.base_share, self.prefill.base_share)
 
     @property
     def q(self) -> float | None:
