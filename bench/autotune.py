@@ -40,21 +40,21 @@ from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune import Goal, Tuner
 
-SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=600.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
+SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=480.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
            tool_tokens=1024, caps=(4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap"))
 SIM_CONDITIONS = [dict(profile=p, seed=s) for p in ("rx9070xt-qwen3.5-9b", "rtx4090-qwen3.5-9b") for s in (1, 2)]
 # the default model on this CPU: contexts reach the budget within the minute. The grid is thinned (not the
 # conditions) so that the bench fits in 40 minutes: cap 8 at both KV types (caps 2 and 4 were never the best
-# static setting here); 80 s a run, long enough that a trial of a KV type costs under 2% of it
-REAL = dict(seconds=80.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
+# static setting here); 64 s a run: the budget fills within it
+REAL = dict(seconds=64.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_tokens=192, ctx=2048,
             kv_budget_mb=120.0, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",))
 # a swarm whose best setting changes as it runs (the default model, this CPU, no KV budget): agents that read
 # large tool results (prefill-heavy: on a CPU with AMX q8_0's prefill slows 3.6x faster with position than
 # f16's) and then write long answers (decode-heavy: q8_0's attention costs 0.3-0.45x f16's), in turn
-CHANGING = dict(seconds=120.0, agents=8, tool_latency_s=0.5, gen_tokens=16, tool_tokens=384, ctx=2048,
+CHANGING = dict(seconds=105.0, agents=8, tool_latency_s=0.5, gen_tokens=16, tool_tokens=384, ctx=2048,
                 kv_budget_mb=None, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",),
-                phases=[(0.0, dict(gen_tokens=16, tool_tokens=384)), (40.0, dict(gen_tokens=192, tool_tokens=16)),
-                        (80.0, dict(gen_tokens=16, tool_tokens=384))])
+                phases=[(0.0, dict(gen_tokens=16, tool_tokens=384)), (35.0, dict(gen_tokens=192, tool_tokens=16)),
+                        (70.0, dict(gen_tokens=16, tool_tokens=384))])
 # 2 and 1 threads, two seeds, two KV budgets: two conditions that differ in all three
 REAL_CONDITIONS = [dict(threads=2, seed=1, kv_budget_mb=120.0), dict(threads=1, seed=2, kv_budget_mb=60.0)]
 

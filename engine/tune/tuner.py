@@ -56,10 +56,17 @@ PENALTY_CONTEXT_CHANGE = 0.5
 TRIAL_CHECKS = 2
 MAX_CHECKS = 3  # a change neither measurably better nor worse after this many is left to the forecasts
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
+# a change needs this many epochs of a run of known length left: one to be checked by the closed loop and
+# one to pay for itself. Over a last epoch or so the forecasts are of a few discrete events (a prefill, a
+# preemption) and swung by them: here +71% forecast at 14 s before the end, -27% measured
+LAST_CHANGE_EPOCHS = 2
 OUTCOME_MIN_SPANS = 2  # the objective is compared with the forecast of staying from this many epochs on
 # a trial is made only where what it may cost (two conversions and its steps at half speed) is at most this
 # share of what is left of the horizon
 TRIAL_SHARE = 0.02
+# a type never timed on this machine (no probe, no trial: a short run) is worth more to try: its model is
+# another type's, unscaled, and on these CPUs that is wrong by 0.7-2x either way
+TRIAL_SHARE_UNTIMED = 0.05
 TRIAL_LOSS = 0.5
 
 
@@ -156,8 +163,12 @@ class Tuner:
         out: list[dict] = []
         self._looked = True
         self._epoch_start_s = now
-        if engine.backend.source != "simulated" and self._thought_s > self.goal.think_share * max(now, 1.0):
-            return out  # it has thought enough for now: the engine's cores are for decoding
+        # it has thought enough for now: the engine's cores are for decoding. An average over the run with an
+        # epoch's credit: without it, one look early in a run (0.45 s at 10 s on one thread) skipped the next
+        # three, and a short run went by on one look
+        if engine.backend.source != "simulated" and (
+                self._thought_s > self.goal.think_share * (max(now, 1.0) + self.goal.epoch_s)):
+            return out
         if self.goal.run_s is not None and self.goal.run_s - now < self.goal.epoch_s:
             return out  # less than an epoch left: no change could pay for itself, nor a forecast be checked
         cur = self.setting(engine)
@@ -165,7 +176,9 @@ class Tuner:
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
         if base is not None and all(run[-1].seconds > 0 for run in base):
             self._checks.append((self._objectives(base), SpanTally(now, self.spans_for(self.horizon_at(now))), cur))
-        if now - self._last_change_s >= self.goal.dwell_s and base is not None:
+        left_s = math.inf if self.goal.run_s is None else self.goal.run_s - now
+        if now - self._last_change_s >= self.goal.dwell_s and base is not None and left_s >= LAST_CHANGE_EPOCHS * \
+                self.goal.epoch_s:
             pending = (self._pending, self._pending_tally)
             decision = self._decide(engine, cur, base, kv_only)
             if decision is not None:
@@ -298,7 +311,7 @@ class Tuner:
         stay = self.forecast(engine, back, seeds)
         out = []
         for dec, pre in ((qd, qp), (qd_fav, qp_fav), (qd_unf, qp_unf)):
-            runs = self.forecast(engine, to, seeds, correct={to.kv: w.model.corrected(to.kv, dec, pre)})
+            runs = self.forecast(engine, to, seeds, correct={to.kv: w.correction(to.kv, dec, pre)})
             if runs is None or stay is None:
                 return None
             score_new = sum(r[-1].score(self.goal, n) for r in runs) / len(runs)
@@ -314,7 +327,7 @@ class Tuner:
         self._watch = None
         if to.kv != back.kv and w.model.calibrated:
             # its model, corrected by what it measured, stands until its own fit does
-            self._kv_correction[to.kv] = w.model.corrected(to.kv, w.decode.bounds()[0], w.prefill.bounds()[0])
+            self._kv_correction[to.kv] = w.correction(to.kv)
         return [{"phase": "confirmed", "to": to.as_dict(), "q": _round(w.q), "trial": w.trial,
                  "measured_gain": None if gain is None else round(gain[0], 4),
                  "why": f"tune check: {to.label()} holds: {w.describe(gain)}"}]
@@ -372,7 +385,7 @@ class Tuner:
             return out + back_rec
         mean_ctx = back_rec[0]["mean_context"]
         if cur.kv != back.kv and w.model.calibrated:
-            self._kv_correction[cur.kv] = w.model.corrected(cur.kv, w.decode.bounds()[0], w.prefill.bounds()[0])
+            self._kv_correction[cur.kv] = w.correction(cur.kv)
         worse = gain is None or gain[1] < -TOLERANCE
         what = "measurably worse than staying" if worse else "a trial measured below going back"
         return out + [{"phase": "reverted", "from": cur.as_dict(), "to": back.as_dict(), "q": _round(w.q),
@@ -672,7 +685,7 @@ class Tuner:
         # a conversion's measured rate covers its save and convert; the restore costs about as much again
         rate = sum(b for b, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert else 0.25e9
         cost = 2 * cached / rate + 2 * MIN_STEPS * step_s * TRIAL_LOSS
-        if cost > TRIAL_SHARE * horizon:
+        if cost > TRIAL_SHARE_UNTIMED * horizon:
             return None
         base_score = sum(r[-1].score(self.goal, n) for r in base) / len(base)
         out: list[tuple[float, Setting]] = []
@@ -688,6 +701,9 @@ class Tuner:
             if tried is not None and tried[1] != turn_shape(engine):
                 timed_at = 0.0  # the turns changed shape since (longer answers, shorter tool results): try again
             if mean_ctx < 2 * timed_at or engine.backend.can_convert(cur.kv, c.kv) is not None:
+                continue
+            untimed = p is None and tried is None and own is None
+            if cost > (TRIAL_SHARE_UNTIMED if untimed else TRIAL_SHARE) * horizon:
                 continue
             g = _gain(sum(r[-1].score(self.goal, n) for r in runs) / len(runs), base_score)
             if g is not None and g > -error:
