@@ -81,14 +81,14 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
         r = e.step()
         if r.kind == "decode":
             tokens += r.tokens
-        if r.kind == "tune":
-            decisions.append({"t": r.t, **r.tune})
+        if r.kind == "tune" and r.tune is not None:
+            decisions.append({"t": r.t, **r.tune.to_json()})
         now = e.now_s()
         if now >= next_mark:
             series.append((round(now, 2), tokens))
             next_mark = now + w["seconds"] / 120
     if tuner is not None and (last := tuner.outcome_now(e)) is not None:
-        decisions.append({"t": e.now_s(), **last})  # the last decision, over the spans the run still had
+        decisions.append({"t": e.now_s(), **last.to_json()})  # the last decision, over the spans the run still had
     out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
            "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency}}

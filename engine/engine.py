@@ -32,6 +32,7 @@ from swarmtune.engine.settings import (
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration
+from swarmtune.engine.tune_events import TuneEvent
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
 
 IDLE_SLICE_S = 0.05  # a real engine with every agent waiting for a tool sleeps this long per idle step
@@ -42,9 +43,9 @@ class TunerHook(Protocol):
     """What the engine asks of a tuner (engine/tune/): it sees every record and turns the controls only
     through `Engine.request`, as a person would."""
 
-    def prepare(self, engine: "Engine") -> list[dict]: ...
+    def prepare(self, engine: "Engine") -> list[TuneEvent]: ...
 
-    def observe(self, engine: "Engine", rec: StepRecord) -> list[dict]: ...
+    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]: ...
 
     def restart(self) -> None: ...
 
@@ -314,12 +315,12 @@ class Engine:
                 self._queued.append(self.tune_record(note))
         return rec
 
-    def tune_record(self, tune: dict) -> StepRecord:
+    def tune_record(self, tune: TuneEvent) -> StepRecord:
         """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
         rec = StepRecord(step=self.step_index, t=round(self.now_s(), 6), kind="tune", batch=0, batch_ids=[],
                          batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views("tune", []),
                          weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source,
-                         note=tune.get("why", ""), tune=tune)
+                         note=tune.why_text, tune=tune)
         self.step_index += 1
         return rec
 

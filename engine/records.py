@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.tune_events import TuneEvent, event_from_json
 
 
 @dataclass
@@ -94,11 +95,13 @@ class StepRecord:
     converted_tokens: int = 0  # kind "rebuild": cached tokens converted to the new KV type, not prefilled again
     # kind "tune": the tuner's decision or its outcome (engine/tune/): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
-    tune: dict[str, Any] | None = None
+    tune: TuneEvent | None = None
     type: str = "step"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        d = asdict(self)
+        d["tune"] = None if self.tune is None else self.tune.to_json()
+        return json.dumps(d, separators=(",", ":"))
 
 
 @dataclass
@@ -130,6 +133,8 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
     d.pop("type", None)
     d["agents"] = [AgentView(**a) for a in d.get("agents", [])]
     d["moved"] = [Move(**m) for m in d.get("moved", [])]
+    if d.get("tune") is not None:
+        d["tune"] = event_from_json(d["tune"])
     return StepRecord(**d)
 
 
@@ -208,7 +213,7 @@ def read_recording(path: str | Path) -> Recording:
             continue
         try:
             steps.append(step_from_dict(d))
-        except TypeError as e:
+        except (TypeError, ValueError, KeyError) as e:
             if not complete:
                 skipped = True
                 break

@@ -91,7 +91,7 @@ def test_it_reverts_a_switch_that_measures_worse_and_does_not_try_it_again():
         r = e.step()
         whole.add(r)
         if r.kind == "tune":
-            tunes.append(r.tune)
+            tunes.append(r.tune.to_json())
     to_q8 = [t for t in tunes if t["phase"] == "decided" and t["to"]["kv"] == "q8_0"]
     reverted = [t for t in tunes if t["phase"] == "reverted"]
     assert to_q8 and reverted, [t["why"] for t in tunes]

@@ -54,31 +54,31 @@ def swarm_300s():
 def test_allowed_a_smaller_kv_it_switches_and_says_why(swarm_300s):
     e, recs, _ = swarm_300s  # its first move waits for a gain past the margin and its error: contexts must grow
     tunes = [r for r in recs if r.kind == "tune"]
-    decided = [r.tune for r in tunes if r.tune["phase"] == "decided"]
+    decided = [r.tune.to_json() for r in tunes if r.tune.to_json()["phase"] == "decided"]
     assert any(d["to"]["kv"] == "q8_0" for d in decided), [r.note for r in tunes]
     assert e.s.kv == "q8_0"
     for d in decided:
         assert d["predicted_gain"] >= 0.05 and d["predicted_gain_source"] == "modeled"
         assert d["why"].startswith("tune: ") and "(modeled)" in d["why"]
-    measured = [r.tune for r in tunes if r.tune["phase"] == "measured"]
+    measured = [r.tune.to_json() for r in tunes if r.tune.to_json()["phase"] == "measured"]
     assert measured and all(m["measured_gain"] is not None for m in measured)
     # each decision's outcome follows it once the horizon has passed, or at the next decision if sooner,
     # measured over the spans that passed
     for i, r in enumerate(tunes):
-        if r.tune["phase"] != "decided":
+        if r.tune.to_json()["phase"] != "decided":
             continue
-        outcome = next((o for o in tunes[i + 1:] if o.tune["phase"] == "measured"), None)
+        outcome = next((o for o in tunes[i + 1:] if o.tune.to_json()["phase"] == "measured"), None)
         if outcome is None:
             continue
-        nxt = next((o for o in tunes[i + 1:] if o.tune["phase"] == "decided"), None)
+        nxt = next((o for o in tunes[i + 1:] if o.tune.to_json()["phase"] == "decided"), None)
         if outcome.t - r.t > FAST["horizon_s"] + 1.0:  # a run of unknown length: the horizon is the default
-            raise AssertionError(outcome.tune["why"])
+            raise AssertionError(outcome.tune.to_json()["why"])
         if nxt is None or nxt.t - r.t > FAST["horizon_s"] + 1.0:
             assert outcome.t - r.t == pytest.approx(FAST["horizon_s"], abs=1.0)
-            assert outcome.tune["span_s"] == FAST["horizon_s"]
+            assert outcome.tune.to_json()["span_s"] == FAST["horizon_s"]
         else:
             assert outcome.t == pytest.approx(nxt.t, abs=1e-6)
-            assert FAST["dwell_s"] - FAST["epoch_s"] <= outcome.tune["span_s"] <= nxt.t - r.t
+            assert FAST["dwell_s"] - FAST["epoch_s"] <= outcome.tune.to_json()["span_s"] <= nxt.t - r.t
 
 
 @pytest.mark.slow
@@ -86,7 +86,7 @@ def test_it_never_uses_a_kv_type_it_was_not_allowed():
     e = _engine(Goal(**FAST))  # allowed_kv () means the run's own only
     recs = _run(e, 150)
     assert all(r.kv_type == "f16" for r in recs)
-    assert all(r.tune["to"]["kv"] == "f16" for r in recs if r.kind == "tune")
+    assert all(r.tune.to_json()["to"]["kv"] == "f16" for r in recs if r.kind == "tune")
 
 
 @pytest.mark.slow
@@ -97,14 +97,14 @@ def test_hysteresis_it_holds_still_when_nothing_changes():
     e = _engine(Goal(allowed_kv=("f16", "q8_0"), **{**FAST, "horizon_s": 60.0}), agents=4, latency_s=0.0, ctx=4096,
                 budget=False)
     recs = _run(e, 150)
-    decided = [r.tune for r in recs if r.kind == "tune" and r.tune["phase"] == "decided"]
+    decided = [r.tune.to_json() for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "decided"]
     assert len(decided) <= 1, [d["why"] for d in decided]
 
 
 @pytest.mark.slow
 def test_it_never_flips_back_within_a_dwell_and_never_oscillates(swarm_300s):
     _, recs, _ = swarm_300s
-    decided = [(r.t, r.tune) for r in recs if r.kind == "tune" and r.tune["phase"] == "decided"]
+    decided = [(r.t, r.tune.to_json()) for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "decided"]
     for (t0, _), (t1, _) in zip(decided, decided[1:], strict=False):
         assert t1 - t0 >= FAST["dwell_s"] - 1e-6
     # no A -> B -> A -> B: a setting it left comes back at most once
@@ -231,7 +231,7 @@ def test_its_outcomes_agree_with_its_forecasts_within_the_error_it_states(swarm_
     forecasts of staying checked over the same span. (A 2-sigma error: about one outcome in twenty may
     fall outside it; this seeded run's do not: one agrees, one is inconclusive.)"""
     _, recs, _ = swarm_300s
-    outcomes = [r.tune for r in recs if r.kind == "tune" and r.tune["phase"] == "measured"]
+    outcomes = [r.tune.to_json() for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "measured"]
     assert outcomes
     # an error larger than the gain it judges is inconclusive: it would agree with anything
     assert all(o["verdict"] in ("agrees", "inconclusive") for o in outcomes), [o["why"] for o in outcomes]
@@ -247,13 +247,13 @@ def test_a_run_that_ends_before_the_horizon_still_measures_its_last_decision():
     recs, end = [], 300.0
     while e.now_s() < end:
         recs.append(e.step())
-        if recs[-1].kind == "tune" and recs[-1].tune["phase"] == "decided":
+        if recs[-1].kind == "tune" and recs[-1].tune.to_json()["phase"] == "decided":
             end = min(end, e.now_s() + 15.0)  # the run ends well before that decision's horizon
-    decided = [r for r in recs if r.kind == "tune" and r.tune["phase"] == "decided"]
-    assert decided and not any(r.kind == "tune" and r.tune["phase"] == "measured" for r in recs)
+    decided = [r for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "decided"]
+    assert decided and not any(r.kind == "tune" and r.tune.to_json()["phase"] == "measured" for r in recs)
     last = e.tuner.outcome_now(e)
-    assert last is not None and last["phase"] == "measured"
-    assert 0 < last["span_s"] <= e.now_s() - decided[-1].t
+    assert last is not None and last.phase == "measured"
+    assert 0 < last.span_s <= e.now_s() - decided[-1].t
     assert e.tuner.outcome_now(e) is None  # said once
 
 
@@ -261,7 +261,7 @@ def test_a_run_that_ends_before_the_horizon_still_measures_its_last_decision():
 def test_a_forecast_of_staying_is_never_checked_against_a_setting_it_did_not_forecast(swarm_300s):
     _, recs, checks_match = swarm_300s
     assert all(checks_match)  # after every step of the run
-    assert any(r.kind == "tune" and r.tune["phase"] == "decided" for r in recs if r.t < 150)
+    assert any(r.kind == "tune" and r.tune.to_json()["phase"] == "decided" for r in recs if r.t < 150)
 
 
 @pytest.mark.model
@@ -275,9 +275,10 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
                                 forecast_seeds=1, confirm_seeds=1, think_share=1.0)),
                autotune=True)
     first = e.step()
-    assert first.kind == "tune" and first.tune["phase"] == "probed", first.note
-    assert (first.tune["kv"], first.tune["base_kv"], first.tune["batch"]) == ("q8_0", "f16", 4)
-    assert first.tune["source"] == "measured in a side cache" and first.tune["probe_seconds"] > 0
+    probed = first.tune.to_json() if first.tune is not None else {}
+    assert first.kind == "tune" and probed["phase"] == "probed", first.note
+    assert (probed["kv"], probed["base_kv"], probed["batch"]) == ("q8_0", "f16", 4)
+    assert probed["source"] == "measured in a side cache" and probed["probe_seconds"] > 0
     # both types have a step-time fit and a prefill fit before any step of the swarm ran
     sim = e.tuner._simulator(e)
     assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
@@ -286,6 +287,6 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     # of staying left to check)
     assert e.tuner._looked and (e.tuner._checks or e.tuner._pending is not None)
     steps = [e.step() for _ in range(40)]
-    assert all(r.kind != "tune" or r.tune["phase"] != "probed" for r in steps)  # once per type and run
+    assert all(r.kind != "tune" or r.tune.to_json()["phase"] != "probed" for r in steps)  # once per type and run
     kinds = [r.kind for r in steps]
     assert "prefill" in kinds and "decode" in kinds

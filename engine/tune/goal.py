@@ -5,21 +5,11 @@ from dataclasses import dataclass
 
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.tune_events import Setting
+
+__all__ = ["OBJECTIVES", "Goal", "Setting", "parse_allowed_kv", "parse_objective"]
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
-
-
-@dataclass(frozen=True)
-class Setting:
-    batch_cap: int
-    kv: str
-    residency: str
-
-    def label(self) -> str:
-        return f"cap {self.batch_cap}, KV {self.kv}, {self.residency}"
-
-    def as_dict(self) -> dict:
-        return {"batch_cap": self.batch_cap, "kv": self.kv, "residency": self.residency}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ Forecasts draw tool latencies from their own stream: the tuner does not know the
 import math
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from swarmtune.engine.backend import NoKVSlot
 from swarmtune.engine.control import Control
@@ -42,6 +42,16 @@ from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.simulator import CalibratedSim, SimStepCost
 from swarmtune.engine.tune.tally import SpanTally, Tally
 from swarmtune.engine.tune.watch import MIN_STEPS, TOLERANCE, Watch, verdict
+from swarmtune.engine.tune_events import (
+    Confirmed,
+    Decision,
+    Held,
+    Outcome,
+    Probed,
+    Reverted,
+    RevertRefused,
+    TuneEvent,
+)
 
 FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
 # a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
@@ -93,7 +103,7 @@ class Tuner:
         """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
         self._epoch_start_s: float | None = None
         self._last_change_s = -math.inf
-        self._pending: dict | None = None  # a decision whose outcome is being measured
+        self._pending: Pending | None = None  # a decision whose outcome is being measured
         self._pending_tally: SpanTally | None = None
         self._looked = False
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
@@ -103,8 +113,8 @@ class Tuner:
         self._watch: tuple[Watch, Setting, Setting] | None = None
 
     # what the engine calls after every record
-    def observe(self, engine: Engine, rec: StepRecord) -> list[dict]:
-        out: list[dict] = []
+    def observe(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
+        out: list[TuneEvent] = []
         now = engine.now_s()
         if self._epoch_start_s is None:
             self._epoch_start_s = now
@@ -138,7 +148,7 @@ class Tuner:
         one, where a trial on the swarm itself (two conversions of well under a second) costs less."""
         return self.goal.run_s is None or self.goal.run_s >= PROBE_MIN_RUN_S
 
-    def prepare(self, engine: Engine) -> list[dict]:
+    def prepare(self, engine: Engine) -> list[TuneEvent]:
         """At the run's start, before its first step (a real backend): time the allowed KV types in a side
         cache, then take the first look at once: a KV switch costs nothing while the caches are empty."""
         if engine.backend.source == "simulated" or self._looked:
@@ -156,11 +166,11 @@ class Tuner:
             self._thought_s = thought
         return out
 
-    def _look(self, engine: Engine, now: float, kv_only: bool = False) -> list[dict]:
+    def _look(self, engine: Engine, now: float, kv_only: bool = False) -> list[TuneEvent]:
         """Forecast staying (checked later against what comes) and, past the dwell, decide. kv_only: weigh
         only the KV types (a look before the first step: the one lever whose switch then costs nothing and
         later a re-prefill; a cap or residency is as cheap to change at the next look)."""
-        out: list[dict] = []
+        out: list[TuneEvent] = []
         self._looked = True
         self._epoch_start_s = now
         # it has thought enough for now: the engine's cores are for decoding. An average over the run with an
@@ -256,7 +266,7 @@ class Tuner:
             return "prior: fewer than 3 forecasts of staying checked yet (Goal.prior_error)"
         return "rms error of this run's checked forecasts of staying (measured)"
 
-    def _check_watch(self, engine: Engine, rec: StepRecord) -> list[dict]:
+    def _check_watch(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
         """The closed loop: each step of the last change against what its forecast's model said it costs;
         a change measurably worse than staying is reverted, and remembered for these conditions."""
         if self._watch is None or rec.kind == "tune":
@@ -289,10 +299,9 @@ class Tuner:
             if w.checks >= (TRIAL_CHECKS if w.trial else MAX_CHECKS):
                 # neither way past its noise: it holds, and the forecasts take it from here
                 self._watch = None
-                return [{"phase": "held", "to": to.as_dict(), "q": _round(w.q),
-                         "measured_gain": round(gain[0], 4),
-                         "why": f"tune check: {to.label()} holds, neither measurably better nor worse: "
-                                f"{w.describe(gain)}"}]
+                return [Held(to=to, q=_round(w.q), measured_gain=round(gain[0], 4),
+                             why=f"tune check: {to.label()} holds, neither measurably better nor worse: "
+                                 f"{w.describe(gain)}")]
             return []
         if w.confirmed():
             return self._confirm(engine, w, back, to, w.realised_gain())
@@ -323,41 +332,41 @@ class Tuner:
         self._thought_s += time.perf_counter() - t0
         return out[0], out[1], out[2]
 
-    def _confirm(self, engine: Engine, w: Watch, back: Setting, to: Setting, gain) -> list[dict]:
+    def _confirm(self, engine: Engine, w: Watch, back: Setting, to: Setting, gain) -> list[TuneEvent]:
         self._watch = None
         if to.kv != back.kv and w.model.calibrated:
             # its model, corrected by what it measured, stands until its own fit does
             self._kv_correction[to.kv] = w.correction(to.kv)
-        return [{"phase": "confirmed", "to": to.as_dict(), "q": _round(w.q), "trial": w.trial,
-                 "measured_gain": None if gain is None else round(gain[0], 4),
-                 "why": f"tune check: {to.label()} holds: {w.describe(gain)}"}]
+        return [Confirmed(to=to, q=_round(w.q), trial=w.trial,
+                          measured_gain=None if gain is None else round(gain[0], 4),
+                          why=f"tune check: {to.label()} holds: {w.describe(gain)}")]
 
-    def _check_outcome(self, engine: Engine) -> list[dict]:
+    def _check_outcome(self, engine: Engine) -> list[TuneEvent]:
         """The closed loop on the objective itself: what the change measured so far (past OUTCOME_MIN_SPANS
         epochs) against the forecast of staying over the same span. Measurably below it, past the error
         stated for that span, it goes back: a forecast can be wrong in more than its step times (how the
         budget fills, what a preemption costs)."""
         p, came = self._pending, self._pending_tally
-        if p is None or came is None or self.setting(engine) != p["to"]:
+        if p is None or came is None or self.setting(engine) != p.to:
             return []
         o = self._measured(engine, p, came)
-        gain, stated = o["measured_gain"], o["stated_error"]
+        gain, stated = o.measured_gain, o.stated_error
         if gain is None or stated is None or gain + stated >= -TOLERANCE:
             return []
         self._pending, self._pending_tally = None, None
-        back, cur = p["from"], p["to"]
-        out = [o] + self._go_back(engine, back, cur)
-        if out[-1]["phase"] == "revert_refused":
-            return out
-        out[-1] |= {"from": cur.as_dict(), "to": back.as_dict(), "measured_gain": gain, "stated_error": stated,
-                    "source": f"{engine.backend.source} objective against the forecast of staying",
-                    "why": f"tune check: {cur.label()} is measurably worse than staying: {gain:+.1%} over "
-                           f"{o['span_s']:.0f} s against the forecast of staying (error ±{stated:.0%}, measured); "
-                           f"back to {back.label()}, not tried again until the contexts or the budget move"}
-        return out
+        back, cur = p.from_, p.to
+        gone = self._go_back(engine, back, cur)
+        if isinstance(gone, RevertRefused):
+            return [o, gone]
+        return [o, Reverted(from_=cur, to=back, measured_gain=gain, mean_context=round(gone, 1), stated_error=stated,
+                            source=f"{engine.backend.source} objective against the forecast of staying",
+                            why=f"tune check: {cur.label()} is measurably worse than staying: {gain:+.1%} over "
+                                f"{o.span_s:.0f} s against the forecast of staying (error ±{stated:.0%}, measured); "
+                                f"back to {back.label()}, not tried again until the contexts or the budget move")]
 
-    def _go_back(self, engine: Engine, back: Setting, cur: Setting, q: float = 1.0) -> list[dict]:
-        """Back to the setting a change left, remembered as worse under these conditions."""
+    def _go_back(self, engine: Engine, back: Setting, cur: Setting, q: float = 1.0) -> float | RevertRefused:
+        """Back to the setting a change left, remembered as worse under these conditions: the mean context
+        it left at, or why the swarm refused."""
         ctx = [a.context for a in engine.agents]
         mean_ctx = sum(ctx) / max(len(ctx), 1)
         self._watch = None
@@ -366,35 +375,35 @@ class Tuner:
                            kv=back.kv if back.kv != cur.kv else None,
                            residency=back.residency if back.residency != cur.residency else None))
         except UserError as e:  # the swarm changed under it: nothing to go back to
-            return [{"phase": "revert_refused", "to": back.as_dict(), "why": f"tune check: {e}"}]
+            return RevertRefused(to=back, why=f"tune check: {e}")
         self._penalties[cur] = (mean_ctx, engine.s.kv_budget_bytes, q, turn_shape(engine))
         self._last_change_s = engine.now_s()
         self._left_at_context[cur] = mean_ctx
         self._drop_moved_checks(engine)
-        return [{"phase": "reverted", "mean_context": round(mean_ctx, 1)}]
+        return mean_ctx
 
-    def _revert(self, engine: Engine, w: Watch, back: Setting, cur: Setting, gain) -> list[dict]:
+    def _revert(self, engine: Engine, w: Watch, back: Setting, cur: Setting, gain) -> list[TuneEvent]:
         # the outcome so far, over the spans that passed (none yet: nothing to say, and it is dropped)
-        mine = self._pending is not None and self._pending["to"] == cur
+        mine = self._pending is not None and self._pending.to == cur
         closed = self._pending_tally is not None and bool(self._pending_tally.closed)
         out = [self._measured(engine)] if mine and closed else []
         if mine and not closed:
             self._pending, self._pending_tally = None, None
-        back_rec = self._go_back(engine, back, cur, w.q or 1.0)
-        if back_rec[0]["phase"] == "revert_refused":
-            return out + back_rec
-        mean_ctx = back_rec[0]["mean_context"]
+        gone = self._go_back(engine, back, cur, w.q or 1.0)
+        if isinstance(gone, RevertRefused):
+            return [*out, gone]
+        mean_ctx = gone
         if cur.kv != back.kv and w.model.calibrated:
             self._kv_correction[cur.kv] = w.correction(cur.kv)
         worse = gain is None or gain[1] < -TOLERANCE
         what = "measurably worse than staying" if worse else "a trial measured below going back"
-        return out + [{"phase": "reverted", "from": cur.as_dict(), "to": back.as_dict(), "q": _round(w.q),
-                       "q_stderr": _round(w.q_stderr), "decode_steps": w.decode_steps, "trial": w.trial,
-                       "measured_gain": None if gain is None else round(gain[0], 4),
-                       "mean_context": round(mean_ctx, 1), "source": f"{engine.backend.source} steps against the "
-                                                                     "forecast's step-time model",
-                       "why": f"tune check: {cur.label()} is {what}: {w.describe(gain)}; back to {back.label()}, "
-                              "not tried again until the contexts or the budget move"}]
+        return [*out, Reverted(from_=cur, to=back, q=_round(w.q), q_stderr=_round(w.q_stderr),
+                               decode_steps=w.decode_steps, trial=w.trial,
+                               measured_gain=None if gain is None else round(gain[0], 4),
+                               mean_context=round(mean_ctx, 1),
+                               source=f"{engine.backend.source} steps against the forecast's step-time model",
+                               why=f"tune check: {cur.label()} is {what}: {w.describe(gain)}; back to "
+                                   f"{back.label()}, not tried again until the contexts or the budget move")]
 
     def _penalised(self, engine: Engine, s: Setting, mean_ctx: float) -> bool:
         """A setting reverted as worse, under conditions that have not moved since: the contexts, the budget
@@ -425,10 +434,10 @@ class Tuner:
             if m.op == "convert" and m.seconds > 0:
                 self._convert = (self._convert + [(m.bytes, m.seconds)])[-64:]
 
-    def _probe_missing(self, engine: Engine, cur: Setting) -> list[dict]:
+    def _probe_missing(self, engine: Engine, cur: Setting) -> list[TuneEvent]:
         """Times each allowed KV type that has not run against the run's own, once per run, at the widest
         batch a candidate can have: a forecast of switching to it needs its step time on this machine."""
-        out: list[dict] = []
+        out: list[TuneEvent] = []
         kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv} - set(self._probes)
         ctx = [a.context for a in engine.agents]
         for k in sorted(kvs):
@@ -441,10 +450,10 @@ class Tuner:
                 self._probes[k] = None
                 if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
                     engine.refused_kv.add(k)
-                out.append({"phase": "probed", "kv": k, "base_kv": cur.kv, "error": str(e),
-                            "why": f"tune: KV {k} could not be timed in a side cache ({e}); "
-                                   + ("it is no candidate" if isinstance(e, UserError) else
-                                      f"its forecasts borrow KV {cur.kv}'s step time, unscaled")})
+                out.append(Probed(kv=k, base_kv=cur.kv, error=str(e),
+                                  why=f"tune: KV {k} could not be timed in a side cache ({e}); "
+                                      + ("it is no candidate" if isinstance(e, UserError) else
+                                         f"its forecasts borrow KV {cur.kv}'s step time, unscaled")))
                 continue
             self._probes[k] = p
             bm = engine.facts.bytes_model
@@ -462,9 +471,10 @@ class Tuner:
             fixed, per_token = p.ratios
             what = (f"attention {per_token:.2f}x per token, the rest {fixed:.2f}x" if p.split else
                     f"the whole step {fixed:.2f}x (attention too small here to time apart)")
-            out.append({"phase": "probed", **p.record(),
-                        "why": f"tune: timed KV {k} against {cur.kv} in a side cache ({p.wall_s:.1f} s, batch "
-                               f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"})
+            figures = {k: v for k, v in p.record().items() if k not in ("kv", "base_kv")}
+            out.append(Probed(kv=p.kv, base_kv=p.base_kv, figures=figures,
+                              why=f"tune: timed KV {k} against {cur.kv} in a side cache ({p.wall_s:.1f} s, batch "
+                                  f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
         return out
 
     def step_time_source(self, engine: Engine, kv: str) -> str:
@@ -572,7 +582,7 @@ class Tuner:
             return ModeledMeter(m.floor_watts, m.per_agent_watts)
         return NoMeter("forecast: no power model")
 
-    def _decide(self, engine: Engine, cur: Setting, base: list[list[Tally]], kv_only: bool = False) -> dict | None:
+    def _decide(self, engine: Engine, cur: Setting, base: list[list[Tally]], kv_only: bool = False) -> Decision | None:
         n = len(engine.agents)
         if any(run[-1].seconds <= 0 for run in base):
             return None
@@ -636,9 +646,9 @@ class Tuner:
         self._left_at_context[cur] = mean_ctx
         # the outcome is measured over the spans that pass before the horizon (or the next decision), each
         # against the forecasts of that same span
-        self._pending = {"from": cur, "to": best, "predicted_gain": gain, "spread": spread,
-                         "predicted_old": self._objectives(stay_runs), "predicted_new": self._objectives(new_runs),
-                         "draws": self._draw_spreads(new_runs, stay_runs)}
+        self._pending = Pending(from_=cur, to=best, predicted_gain=gain, spread=spread,
+                                predicted_old=self._objectives(stay_runs), predicted_new=self._objectives(new_runs),
+                                draws=self._draw_spreads(new_runs, stay_runs))
         self._pending_tally = SpanTally(now, self.spans_for(horizon))
         sim = self._simulator(engine)
         self._watch = (Watch(best.kv, gain, SimStepCost(sim), trial=trial), cur, best) if sim is not None else None
@@ -646,21 +656,20 @@ class Tuner:
             self._tried[best.kv] = (mean_ctx, turn_shape(engine))
         what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
                          if getattr(cur, k) != getattr(best, k))
-        return {"phase": "decided", "from": cur.as_dict(), "to": best.as_dict(), "objective": self.goal.objective,
-                "predicted_gain": round(gain, 4), "predicted_gain_source": "modeled", "trial": trial,
-                "forecast_spread": None if spread is None else round(spread, 4),
-                "horizon_s": round(horizon, 1), "mean_context": round(mean_ctx, 1),
-                "forecast_error": round(error, 4), "forecast_error_source": self._error_source(len(
-                    self.spans_for(horizon)) - 1),
-                **({"kv_step_time_source": self.step_time_source(engine, best.kv)}
-                   if best.kv != cur.kv and engine.backend.source != "simulated" else {}),
-                "why": (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s, "
-                        f"within its error ±{error:.0%}; its model of KV {best.kv} is a probe's, extrapolated here, "
-                        "so it is tried on the swarm and kept only if, forecast again with its measured steps, it "
-                        "is not below going back")
-                if trial else
-                f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
-                       f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin"}
+        return Decision(
+            from_=cur, to=best, objective=self.goal.objective, predicted_gain=round(gain, 4),
+            predicted_gain_source="modeled", trial=trial, forecast_spread=None if spread is None else round(spread, 4),
+            horizon_s=round(horizon, 1), mean_context=round(mean_ctx, 1), forecast_error=round(error, 4),
+            forecast_error_source=self._error_source(len(self.spans_for(horizon)) - 1),
+            kv_step_time_source=self.step_time_source(engine, best.kv)
+            if best.kv != cur.kv and engine.backend.source != "simulated" else None,
+            why=(f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s, "
+                 f"within its error ±{error:.0%}; its model of KV {best.kv} is a probe's, extrapolated here, "
+                 "so it is tried on the swarm and kept only if, forecast again with its measured steps, it "
+                 "is not below going back")
+            if trial else
+            f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
+            f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin")
 
     def _trial(self, engine: Engine, cur: Setting, forecasts: dict, base: list[list[Tally]], error: float,
                horizon: float) -> Setting | None:
@@ -726,7 +735,7 @@ class Tuner:
             out.append((statistics.stdev(vals) if len(vals) >= 2 else None, len(vals)))
         return out
 
-    def outcome_now(self, engine: Engine) -> dict | None:
+    def outcome_now(self, engine: Engine) -> Outcome | None:
         """The pending decision's outcome over the spans that have passed, if one is pending: what a run
         that ends before the horizon can still say about its last decision."""
         if self._pending is None or self._pending_tally is None or not self._pending_tally.closed:
@@ -739,7 +748,7 @@ class Tuner:
             return None
         return (old / new - 1) if self.goal.objective == "joules_per_token" else (new / old - 1)
 
-    def _measured(self, engine: Engine, p: dict | None = None, came: SpanTally | None = None) -> dict:
+    def _measured(self, engine: Engine, p: "Pending | None" = None, came: SpanTally | None = None) -> Outcome:
         """A decision's outcome over the longest span that has passed: the measured objective against the
         forecast of staying, next to the forecast gain for that span and the error stated for it. By
         default the pending decision's, which it closes; else the one given (a later decision replaced it)."""
@@ -750,34 +759,48 @@ class Tuner:
         k = len(came.closed) - 1
         span_s = came.spans[k] if came is not None and k >= 0 else 0.0
         measured_new = came.closed[k].objective_value(self.goal) if k >= 0 else None
-        old = p["predicted_old"][k] if k >= 0 else None
-        predicted = self._objective_gain(p["predicted_new"][k], old) if k >= 0 else None
+        old = p.predicted_old[k] if k >= 0 else None
+        predicted = self._objective_gain(p.predicted_new[k], old) if k >= 0 else None
         gain = self._objective_gain(measured_new, old)
         err = None
-        if k >= 0 and measured_new and p["predicted_new"][k]:
-            err = p["predicted_new"][k] / measured_new - 1
+        predicted_new = p.predicted_new[k] if k >= 0 else None
+        if measured_new and predicted_new:
+            err = predicted_new / measured_new - 1
         stated = self.stated_error(k) if k >= 0 else None
-        draw_sd, n_draws = p["draws"][k] if k >= 0 else (None, 0)
+        draw_sd, n_draws = p.draws[k] if k >= 0 else (None, 0)
         if stated is not None and draw_sd is not None:
             # the gain's own luck: this future is one more draw from the forecast's spread of them
             stated = math.sqrt(stated ** 2 + (2 * draw_sd) ** 2 * (1 + 1 / n_draws))
         judged = verdict(gain, predicted, stated)
         agrees = None if judged in (None, "inconclusive") else judged == "agrees"
-        return {"phase": "measured", "from": p["from"].as_dict(), "to": p["to"].as_dict(),
-                "objective": self.goal.objective, "predicted_gain": round(p["predicted_gain"], 4),
-                "span_s": span_s, "predicted_gain_span": _round(predicted),
-                "forecast_spread": None if p["spread"] is None else round(p["spread"], 4),
-                "measured_gain": None if gain is None else round(gain, 4),
-                "stated_error": _round(stated), "agrees": agrees, "verdict": judged,
-                "measured_gain_source": f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
-                "stated_error_source": f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
-                                       f"({engine.backend.source}), with 2 x the spread of this forecast's "
-                                       "own draws (modeled)",
-                "forecast_error": None if err is None else round(err, 4),
-                "why": f"tune outcome: {p['to'].label()}: forecast "
-                       + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
-                       + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
-                       + ("" if stated is None else f" (stated error ±{stated:.0%}: {_VERDICT_WORDS[judged]})")}
+        return Outcome(
+            from_=p.from_, to=p.to, objective=self.goal.objective, predicted_gain=round(p.predicted_gain, 4),
+            span_s=span_s, predicted_gain_span=_round(predicted),
+            forecast_spread=None if p.spread is None else round(p.spread, 4),
+            measured_gain=None if gain is None else round(gain, 4), stated_error=_round(stated), agrees=agrees,
+            verdict=judged,
+            measured_gain_source=f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
+            stated_error_source=f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
+                                f"({engine.backend.source}), with 2 x the spread of this forecast's own draws "
+                                "(modeled)",
+            forecast_error=None if err is None else round(err, 4),
+            why=f"tune outcome: {p.to.label()}: forecast "
+                + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
+                + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
+                + ("" if stated is None else f" (stated error ±{stated:.0%}: {_VERDICT_WORDS[judged]})"))
+
+
+@dataclass
+class Pending:
+    """A decision whose outcome is being measured: what it forecast for each span, both ways."""
+
+    from_: Setting
+    to: Setting
+    predicted_gain: float
+    spread: float | None
+    predicted_old: list[float | None]  # the forecast objective of staying, per span
+    predicted_new: list[float | None]  # and of the change
+    draws: list[tuple[float | None, int]]  # per span: the spread of the forecast's draws and how many
 
 
 _VERDICT_WORDS = {"agrees": "agrees", "disagrees": "disagrees",

@@ -33,8 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             r = e.step()
             whole.add(r)
             last.append(r)
-            if r.kind == "tune":
-                decisions.append(r.tune | {"t": r.t})
+            if r.kind == "tune" and r.tune is not None:
+                decisions.append(r.tune.to_json() | {"t": r.t})
                 say(f"{r.t:8.1f} s  {r.note}")
     except KeyboardInterrupt:
         pass

@@ -1,0 +1,196 @@
+"""What the tuner says, as a `tune` record carries it: a decision, its measured outcome, the closed loop's
+verdict on a change, a KV type timed in a side cache. Each is a dataclass that serialises to the JSON the
+records have always held (`to_json`) and reads back from it (`event_from_json`), so every recording still
+replays. Here, below the records, because a record holds one; the tuner (engine/tune/) makes them."""
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the tuner moves: one point of batch cap x KV type x residency."""
+
+    batch_cap: int
+    kv: str
+    residency: str
+
+    def label(self) -> str:
+        return f"cap {self.batch_cap}, KV {self.kv}, {self.residency}"
+
+    def as_dict(self) -> dict:
+        return {"batch_cap": self.batch_cap, "kv": self.kv, "residency": self.residency}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Setting":
+        return cls(int(d["batch_cap"]), str(d["kv"]), str(d["residency"]))
+
+
+@dataclass
+class TuneEvent:
+    """One thing the tuner said. Subclasses name their phase and list their fields in the JSON's order;
+    `from_` is the JSON's "from"; the fields in `omit_none` are left out of the JSON where None (they belong
+    to one path of several)."""
+
+    phase: ClassVar[str] = ""
+    omit_none: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"phase": self.phase}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.name in self.omit_none:
+                continue
+            out[f.name.rstrip("_")] = v.as_dict() if isinstance(v, Setting) else v
+        return out
+
+    @property
+    def why_text(self) -> str:
+        return str(getattr(self, "why", ""))
+
+
+def _settings(d: dict) -> dict:
+    """A record's JSON with its settings as Settings and "from" as from_."""
+    out = {("from_" if k == "from" else k): v for k, v in d.items() if k != "phase"}
+    for k in ("from_", "to"):
+        if isinstance(out.get(k), dict):
+            out[k] = Setting.from_dict(out[k])
+    return out
+
+
+@dataclass
+class Decision(TuneEvent):
+    """A change the tuner made (or a trial of a KV type), on a forecast (modeled)."""
+
+    phase: ClassVar[str] = "decided"
+    omit_none: ClassVar[frozenset[str]] = frozenset({"kv_step_time_source"})
+    from_: Setting
+    to: Setting
+    objective: str
+    predicted_gain: float
+    predicted_gain_source: str
+    trial: bool
+    forecast_spread: float | None
+    horizon_s: float
+    mean_context: float
+    forecast_error: float
+    forecast_error_source: str
+    kv_step_time_source: str | None
+    why: str
+
+
+@dataclass
+class Outcome(TuneEvent):
+    """A decision's outcome over the longest span that passed: the measured objective against the forecast
+    of staying, judged against the error stated for that span (`verdict`)."""
+
+    phase: ClassVar[str] = "measured"
+    from_: Setting
+    to: Setting
+    objective: str
+    predicted_gain: float
+    span_s: float
+    predicted_gain_span: float | None
+    forecast_spread: float | None
+    measured_gain: float | None
+    stated_error: float | None
+    agrees: bool | None
+    verdict: str | None
+    measured_gain_source: str
+    stated_error_source: str
+    forecast_error: float | None
+    why: str
+
+
+@dataclass
+class Held(TuneEvent):
+    """The closed loop's verdict on a change: neither measurably better nor worse, left to the forecasts."""
+
+    phase: ClassVar[str] = "held"
+    to: Setting
+    q: float | None
+    measured_gain: float
+    why: str
+
+
+@dataclass
+class Confirmed(TuneEvent):
+    """The closed loop's verdict on a change: measurably no worse than staying."""
+
+    phase: ClassVar[str] = "confirmed"
+    to: Setting
+    q: float | None
+    trial: bool
+    measured_gain: float | None
+    why: str
+
+
+@dataclass
+class Reverted(TuneEvent):
+    """A change measurably worse than staying, undone: on its steps against the forecast's step-time model
+    (q, q_stderr, decode_steps, trial), or on the objective against the forecast of staying (stated_error)."""
+
+    phase: ClassVar[str] = "reverted"
+    omit_none: ClassVar[frozenset[str]] = frozenset({"q", "q_stderr", "decode_steps", "trial", "stated_error"})
+    from_: Setting
+    to: Setting
+    measured_gain: float | None
+    mean_context: float
+    source: str
+    why: str
+    q: float | None = None
+    q_stderr: float | None = None
+    decode_steps: int | None = None
+    trial: bool | None = None
+    stated_error: float | None = None
+
+
+@dataclass
+class RevertRefused(TuneEvent):
+    """A change it meant to undo, which the swarm no longer allowed (agents removed meanwhile)."""
+
+    phase: ClassVar[str] = "revert_refused"
+    to: Setting
+    why: str
+
+
+@dataclass
+class Probed(TuneEvent):
+    """A KV type timed against the run's own in a side cache (engine/kv_probe.py): its figures (measured),
+    or why it could not be timed."""
+
+    phase: ClassVar[str] = "probed"
+    kv: str
+    base_kv: str
+    why: str
+    error: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)  # the probe's own record, flat in the JSON
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"phase": self.phase, "kv": self.kv, "base_kv": self.base_kv, "error": self.error, "why": self.why}
+        return {"phase": self.phase, "kv": self.kv, "base_kv": self.base_kv, **self.figures, "why": self.why}
+
+
+EVENTS: dict[str, type[TuneEvent]] = {c.phase: c for c in (Decision, Outcome, Held, Confirmed, Reverted,
+                                                            RevertRefused, Probed)}
+
+
+def event_from_json(d: dict[str, Any]) -> TuneEvent:
+    """A `tune` record's JSON as its event; a recording's unknown keys are kept where the event has room."""
+    phase = d.get("phase")
+    if phase == "probed":
+        known = {"phase", "kv", "base_kv", "why", "error"}
+        return Probed(kv=str(d.get("kv", "")), base_kv=str(d.get("base_kv", "")), why=str(d.get("why", "")),
+                      error=d.get("error"), figures={k: v for k, v in d.items() if k not in known})
+    cls = EVENTS.get(str(phase))
+    if cls is None:
+        raise ValueError(f"unknown tune phase {phase!r}")
+    names = {f.name for f in fields(cls)}
+    kw = {k: v for k, v in _settings(d).items() if k in names}
+    for f in fields(cls):
+        # left out of the JSON where None, or a key an older recording did not hold yet
+        if f.name not in kw:
+            kw[f.name] = (f.default if f.default is not MISSING else
+                          f.default_factory() if f.default_factory is not MISSING else None)
+    return cls(**kw)
