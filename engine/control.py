@@ -2,7 +2,7 @@
 Each field left None is left as it is. A new control is a field here, one check in `Engine.request`, and
 its name over HTTP where that differs."""
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 # the HTTP API's names where they differ from the engine's (`kv_type` reads better beside `batch_cap` in a body)
 HTTP_NAMES = {"kv": "kv_type"}
@@ -22,6 +22,15 @@ class Control:
 
     def __bool__(self) -> bool:
         return bool(self.changes())
+
+    def then(self, later: "Control") -> "Control":
+        """This change and a later one, as one: where both set a field, the later's value."""
+        return replace(self, **later.changes())  # type: ignore[arg-type]
+
+    def less(self, done: "Control") -> "Control":
+        """What is left of this change once `done` took effect: each field done set to the same value goes."""
+        gone = done.changes()
+        return Control(**{k: v for k, v in self.changes().items() if gone.get(k, None) != v})  # type: ignore[arg-type]
 
     def to_http(self) -> dict[str, object]:
         return {HTTP_NAMES.get(k, k): v for k, v in self.changes().items()}

@@ -2,7 +2,6 @@
 step did. The caller owns the loop (record, dashboard, server); controls may arrive from any thread
 and take effect at the start of the next step."""
 
-import queue
 import threading
 import time
 import uuid
@@ -52,7 +51,8 @@ class TunerHook(Protocol):
 
 @dataclass
 class EngineState:
-    """What a control answer reports: the settings now in force (or about to be, at the next step)."""
+    """What a control answer reports: the settings now in force (or about to be, at the next step). Derived
+    each time from the engine's settings and the change still pending (`Engine.state`), never kept."""
     batch_cap: int
     kv: str
     agents: int
@@ -77,7 +77,8 @@ class Engine:
         self.slots = max(self.s.agents, 1)
         self.agents: list[Agent] = []
         self._budgets: dict[tuple[str, int, float | None], int] = {}  # budget_tokens, computed once per key
-        self.scheduler = Scheduler(self.s.chunk_tokens)
+        # it reads the batch cap and the chunk from the settings, the budget from the KV type in force
+        self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv))
         min_need = min_context(self.s)
         if self.budget_tokens(self.s.kv) < min_need:
             raise UserError(f"the KV budget holds {self.budget_tokens(self.s.kv)} tokens at {self.s.kv}; "
@@ -86,12 +87,12 @@ class Engine:
         self.step_index = 0
         self.clock_s = 0.0  # simulated seconds since start (sim backend)
         self._t0 = 0.0
-        self._controls: queue.Queue[Control] = queue.Queue()
+        # what was requested and not yet applied, as one change (a later request's fields win); the settings in
+        # force are self.s (and self.autotune): state() is the one with the other over it
+        self._pending = Control()
         self._lock = threading.Lock()
         self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
         self.autotune = autotune and tuner is not None
-        self._pending_state = EngineState(self.s.batch_cap, self.s.kv, self.s.agents, self.s.residency,
-                                          self.autotune if tuner is not None else None)
         self.started = False
         self.started_at = ""
         self.run_id = ""
@@ -213,7 +214,7 @@ class Engine:
         with self._lock:
             if autotune is not None and self.tuner is None:
                 raise UserError("this engine has no tuner", field="autotune")
-            st = self._pending_state
+            st = self._state()
             n_agents = check_agents(agents) if agents is not None else st.agents
             if batch_cap is not None:
                 check_batch_cap(batch_cap, n_agents)
@@ -225,16 +226,8 @@ class Engine:
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
             if residency is not None:
                 check_residency(residency)
-            new = EngineState(
-                batch_cap=batch_cap if batch_cap is not None else min(st.batch_cap, n_agents),
-                kv=kv or st.kv,
-                agents=n_agents,
-                residency=residency or st.residency,
-                autotune=st.autotune if autotune is None else autotune,
-            )
-            self._pending_state = new
-            self._controls.put(c)
-            return new
+            self._pending = self._pending.then(c)
+            return self._state()
 
     def set_workload(self, gen_tokens: int | None = None, tool_tokens: int | None = None,
                      tool_latency_s: float | None = None) -> None:
@@ -254,29 +247,47 @@ class Engine:
         return self.workload
 
     def state(self) -> EngineState:
+        """The settings in force with the change requested and not yet applied over them: what the next step
+        runs with (a KV type being rebuilt to included)."""
         with self._lock:
-            return self._pending_state
+            return self._state()
+
+    def _state(self) -> EngineState:
+        p, s = self._pending, self.s
+        agents = p.agents if p.agents is not None else s.agents
+        return EngineState(
+            batch_cap=min(p.batch_cap if p.batch_cap is not None else s.batch_cap, agents),
+            kv=p.kv or s.kv,
+            agents=agents,
+            residency=p.residency or s.residency,
+            autotune=None if self.tuner is None else (p.autotune if p.autotune is not None else self.autotune),
+        )
+
+    def _applied(self, done: Control) -> None:
+        """done has taken effect: what is left pending is what was requested since (or differently)."""
+        with self._lock:
+            self._pending = self._pending.less(done)
 
     def _apply_controls(self) -> StepRecord | None:
-        rebuild_to: str | None = None
-        while True:
-            try:
-                c = self._controls.get_nowait()
-            except queue.Empty:
-                break
-            if c.agents is not None:
-                self._set_agents(c.agents)
-            if c.batch_cap is not None:
-                self.s.batch_cap = c.batch_cap
-            if c.residency is not None:
-                self.s.residency = c.residency  # where the next agent to call a tool parks its history
-            if c.autotune is not None and c.autotune != self.autotune:
-                self.autotune = c.autotune
-                if c.autotune and self.tuner is not None:
-                    self.tuner.restart()  # it measures from now, not from before it was turned off
-            if c.kv is not None and c.kv != self.s.kv:
-                rebuild_to = c.kv
+        # the change stays pending while it is applied (state() reads the same all along); a request from
+        # another thread meanwhile is kept for the next step
+        with self._lock:
+            c = self._pending
+        if c.agents is not None:
+            self._set_agents(c.agents)
+        if c.batch_cap is not None:
+            self.s.batch_cap = c.batch_cap
+        if c.residency is not None:
+            self.s.residency = c.residency  # where the next agent to call a tool parks its history
+        if c.autotune is not None and c.autotune != self.autotune:
+            self.autotune = c.autotune
+            if c.autotune and self.tuner is not None:
+                self.tuner.restart()  # it measures from now, not from before it was turned off
         self.s.batch_cap = min(self.s.batch_cap, len(self.agents))
+        rebuild_to = c.kv if c.kv is not None and c.kv != self.s.kv else None
+        # a new KV type stays pending until the rebuild to it ends (or is refused)
+        if c:
+            self._applied(replace(c, kv=None) if rebuild_to is not None else c)
         if rebuild_to is not None or self.backend.n_seqs < self.slots:
             return self._rebuild(rebuild_to or self.s.kv)
         return None
@@ -364,8 +375,7 @@ class Engine:
             self.s.gen_tokens, self.s.tool_tokens = shape.gen_tokens, shape.tool_tokens
             self.s.tool_latency_s = shape.wait_s
         self._wake_tools()
-        plan = self.scheduler.schedule(self.agents, self.step_index, self.s.batch_cap,
-                                       self.budget_tokens(self.s.kv))
+        plan = self.scheduler.schedule(self.agents, self.step_index)
         preempted = [a.id for a in plan.preempt or []]
         for a in plan.preempt or []:
             self._preempt(a)
@@ -556,7 +566,7 @@ class Engine:
         return out, saved, ""
 
     def _rebuild(self, kv: str) -> StepRecord:
-        old = self.s.kv
+        old, asked = self.s.kv, kv
         t0 = time.perf_counter()
         refused = ""
         converted, saved, why_not = self._convert_states(old, kv) if kv != old else ({}, {}, "")
@@ -569,9 +579,8 @@ class Engine:
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
             converted = saved  # the states as saved go back into the old type's cache
             self._moves = [m for m in self._moves if not m.op.startswith("convert")]
-            with self._lock:
-                self._pending_state = replace(self._pending_state, kv=kv)
         self.s.kv = kv
+        self._applied(Control(kv=asked))  # done, or refused: either way no longer pending
         self.analysis.context_opened()
         budget = self.budget_tokens(kv)
         restored: set[int] = set()

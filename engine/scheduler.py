@@ -1,8 +1,10 @@
 """Which agents the next step serves: a capped decode batch with fair rotation, prefill chunks, and
 preemption when the KV budget cannot hold the step. Pure bookkeeping; it never touches the backend."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.workload import Agent, AgentState
 
 
@@ -15,12 +17,24 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, chunk_tokens: int) -> None:
-        self.chunk_tokens = chunk_tokens
-        # the engine's settings for the step being planned, passed in with it (the engine holds them)
-        self.batch_cap = 0
-        self.kv_budget_tokens = 0
+    def __init__(self, settings: EngineSettings, kv_budget_tokens: Callable[[], int]) -> None:
+        # the engine's own settings, read at each step (the engine changes them; the scheduler keeps no copy),
+        # and what the KV budget holds at the type in force
+        self.s = settings
+        self._budget = kv_budget_tokens
         self._last_kind = "decode"
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.s.chunk_tokens
+
+    @property
+    def batch_cap(self) -> int:
+        return self.s.batch_cap
+
+    @property
+    def kv_budget_tokens(self) -> int:
+        return self._budget()
 
     @staticmethod
     def used_tokens(agents: list[Agent]) -> int:
@@ -32,8 +46,7 @@ class Scheduler:
         until its tool returns), then the longest history."""
         return (a.state is AgentState.TOOL, a.context, a.id)
 
-    def schedule(self, agents: list[Agent], step: int, batch_cap: int, kv_budget_tokens: int) -> Plan:
-        self.batch_cap, self.kv_budget_tokens = batch_cap, kv_budget_tokens
+    def schedule(self, agents: list[Agent], step: int) -> Plan:
         used = self.used_tokens(agents)
         self._readmit(agents, used)
         ready = [a for a in agents if a.state is AgentState.DECODE]
