@@ -1,41 +1,42 @@
-"""The plots: live batch, speedup vs context, the byte split. Plotext through textual-plotext."""
+"""The plots: live batch, speedup vs context (braille charts, tui/widgets/braille.py), the byte split."""
 
 import math
 
 from rich.text import Text
 from textual.widget import Widget
-from textual_plotext import PlotextPlot
 
 from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
 from swarmtune.engine.step_model import Fit
 from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.braille import Chart, Series
 from swarmtune.tui.widgets.status import human_bytes
 
 
-class _Plot(PlotextPlot):
-    def _fresh(self):
-        """The plotext module, cleared for a new frame."""
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        return plt
+class _Chart(Widget):
+    """A braille chart (tui/widgets/braille.py), rebuilt by show() and drawn at the widget's size."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.chart = Chart()
+
+    def render(self) -> Text:
+        return self.chart.render(self.size.width, self.size.height)
 
 
-class BatchPlot(_Plot):
+class BatchPlot(_Chart):
     def show(self, stats: Stats) -> None:
-        plt = self._fresh()
+        c = Chart(title="live batch per decode step")
         h = list(stats.batch_history)
         if h:
-            xs = [x[0] for x in h]
+            xs = [float(x[0]) for x in h]
             top = max(max(x[2] for x in h), max(x[3] for x in h), max(x[4] for x in h), 1)
-            plt.plot(xs, [x[2] for x in h], label="cap", marker="braille", color="gray")
-            plt.plot(xs, [x[3] for x in h], label="waiting/filling", marker="braille", color="orange")
+            c.add(Series("cap", xs, [x[2] for x in h], "bright_black"))
+            c.add(Series("waiting/filling", xs, [x[3] for x in h], "orange1"))
             if any(x[4] for x in h):  # only when agents wait for tools (--tool-latency)
-                plt.plot(xs, [x[4] for x in h], label="at a tool or client", marker="braille", color="blue")
-            plt.plot(xs, [x[1] for x in h], label="batch", marker="braille", color="cyan")
-            plt.ylim(0, top + 0.5)
-            plt.yticks([0, top])  # plotext drops ticks unpredictably when short of rows
-        plt.title("live batch per decode step")
+                c.add(Series("at a tool or client", xs, [x[4] for x in h], "blue"))
+            c.add(Series("batch", xs, [x[1] for x in h], "cyan"))
+            c.y_range, c.y_ticks = (0.0, top + 0.5), (0, top)
+        self.chart = c
         self.refresh()
 
 
@@ -54,24 +55,25 @@ def formula_label(bm: ByteModel, b: int) -> str:
     return f"seed formula B={b} (modeled)" if bm.is_dense else f"bytes model B={b}, {bm.kind} (modeled)"
 
 
-class SpeedupPlot(_Plot):
+class SpeedupPlot(_Chart):
     def show(self, stats: Stats) -> None:
-        plt = self._fresh()
         r = stats.latest_decode
         h = stats.header
         if r is None or not h:
+            self.chart = Chart()
             self.refresh()
             return
         bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
-            plt.title("speedup " + NO_BYTES)
+            self.chart = Chart(title="speedup " + NO_BYTES)
             self.refresh()
             return
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
         b = max(r.batch_cap, 1)
-        plt.plot(xs, [bm.speedup(b, x, as_kv_type(r.kv_type)) for x in xs], label=formula_label(bm, b),
-                 marker="braille", color="blue")
+        c = Chart(title=f"speedup vs context per agent, KV {r.kv_type}", x_range=(0.0, float(limit)),
+                  y_range=(0.0, b + 0.5), y_ticks=(0, b))
+        c.add(Series(formula_label(bm, b), xs, [bm.speedup(b, x, as_kv_type(r.kv_type)) for x in xs], "blue"))
         fit = Fit.from_record(r.fit) if r.fit else None
         if fit is not None:
             kv = as_kv_type(r.kv_type)  # the fit counts the KV tokens attention reads (fewer past a window)
@@ -79,22 +81,19 @@ class SpeedupPlot(_Plot):
                    if (y := fit.speedup(b, t := bm.kv_equivalent_tokens(kv, x))) is not None]
             timed = [p for p in pts if p[2]]
             if timed:
-                plt.plot([p[0] for p in timed], [p[1] for p in timed], marker="braille", color="green",
-                         label=f"calibrated (modeled, {fit_error_label(fit)})")
+                c.add(Series(f"calibrated (modeled, {fit_error_label(fit)})", [p[0] for p in timed],
+                             [p[1] for p in timed], "green"))
             past = [p for p in pts if not p[2]]
             if past:  # where no step was timed the fit is a straight line carried on: said, and drawn apart
-                plt.scatter([p[0] for p in past], [p[1] for p in past], marker="dot", color="gray",
-                            label="calibrated, extrapolated (no steps timed here)")
+                c.add(Series("calibrated, extrapolated (no steps timed here)", [p[0] for p in past],
+                             [p[1] for p in past], "bright_black", kind="dots"))
         pts = [p for p in stats.measured_points if p[2] == b]
         src = h.get("source", "")
         if pts:
-            plt.scatter([p[0] for p in pts], [p[1] for p in pts], label=f"{src}, B={b}", marker="dot",
-                        color="orange")
+            c.add(Series(f"{src}, B={b}", [p[0] for p in pts], [p[1] for p in pts], "orange1", kind="dots"))
         if r.measured_speedup is not None:
-            plt.scatter([r.mean_context], [r.measured_speedup], label=f"now (B={r.batch})", marker="@",
-                        color="red")
-        plt.ylim(0, b + 0.5)
-        plt.title(f"speedup vs context per agent, KV {r.kv_type}")
+            c.add(Series(f"now (B={r.batch})", [r.mean_context], [r.measured_speedup], "red", kind="marker"))
+        self.chart = c
         self.refresh()
 
 
