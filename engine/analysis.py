@@ -8,7 +8,7 @@ from swarmtune.engine.bytes_model import StepRead
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.power.ledger import EnergyLedger
 from swarmtune.engine.power.meter import StepPower
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration, Fit
 
@@ -68,7 +68,7 @@ class StepAnalysis:
         if len(contexts) < 2:
             return False
         ref = self.reference(kv)
-        mean_ctx = sum(contexts) / len(contexts)
+        mean_ctx = mean_context(contexts)
         cold = ref.samples < REFERENCE_WARM_SAMPLES or not ref.covers(mean_ctx)
         return steps_since >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
 

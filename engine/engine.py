@@ -18,7 +18,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.errors import Interrupted, Stalled, UserError
 from swarmtune.engine.kv_convert import Unconvertible
 from swarmtune.engine.power.meter import Meter, NoMeter
-from swarmtune.engine.records import AgentView, Move, StepRecord
+from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
@@ -509,7 +509,7 @@ class Engine:
         if self._reference_due(batch):
             # one agent alone, the others wait a step: a real step of the run, timed at batch 1, by the
             # agent nearest the batch's mean context (where the next speedups will be read)
-            mean_ctx = sum(a.context for a in batch) / len(batch)
+            mean_ctx = mean_context(a.context for a in batch)
             batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
             note = "batch-1 reference step"
         if len(batch) == 1:
@@ -676,7 +676,7 @@ class Engine:
         read = None if lean else bm.step_read(kv, contexts, tokens, distinct)
         kv_bytes = read.kv_bytes if read is not None else 0.0
         weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
-        mean_ctx = sum(contexts) / len(contexts) if contexts else 0.0
+        mean_ctx = mean_context(contexts)
         moved, self._moves = self._moves, []
         moved_s = sum(m.seconds for m in moved)
         if self.backend.source == "simulated":

@@ -6,13 +6,19 @@ recorder leaves at most its last line partial; the reader skips such a line.
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.tune_events import TuneEvent, event_from_json
+
+
+def mean_context(contexts: Iterable[float]) -> float:
+    """The mean of agents' contexts, tokens (a record's `mean_context`); 0 for no agent."""
+    c = list(contexts)
+    return sum(c) / len(c) if c else 0.0
 
 
 @dataclass

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import read_recording
+from swarmtune.engine.records import mean_context, read_recording
 from tests.conftest import ROOT, SIM, run_cli
 
 HEADER_KEYS = {"model", "weight_bytes", "kv_bytes_per_token", "backend", "device", "versions", "settings", "source"}
@@ -76,3 +76,7 @@ def test_killed_recorder_loses_at_most_the_last_line(tmp_path):
     rec = read_recording(path)
     assert len(rec.steps) > 50
     assert [s.step for s in rec.steps] == list(range(len(rec.steps)))
+
+
+def test_the_mean_context_of_no_agent_is_zero():
+    assert mean_context([]) == 0.0 and mean_context(iter([100, 301])) == 200.5

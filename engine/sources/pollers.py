@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from swarmtune.engine.bytes_model import ASSUMED_KV as REMOTE_KV
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.records import AgentView, StepRecord, mean_context
 from swarmtune.engine.speedup import predicted_speedup
 from swarmtune.engine.step_model import Calibration
 
@@ -125,7 +125,7 @@ class ForeignPoller:
                 batch_cap: int, kind: str = "decode", note: str = "") -> StepRecord:
         k = self.k or 0.0
         ctx = [a.context for a in agents if a.id in batch_ids]
-        mean = sum(ctx) / len(ctx) if ctx else 0.0
+        mean = mean_context(ctx)
         b = len(batch_ids)
         rec = StepRecord(
             step=self.step, t=round(now - (self.t0 or now), 3), kind=kind, batch=b,
