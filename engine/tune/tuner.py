@@ -34,7 +34,7 @@ from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
 from swarmtune.engine.prefill_model import PrefillCalibration, PrefillFit
 from swarmtune.engine.profiles import Profile
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.step_model import Fit
@@ -368,7 +368,7 @@ class Tuner:
         """Back to the setting a change left, remembered as worse under these conditions: the mean context
         it left at, or why the swarm refused."""
         ctx = [a.context for a in engine.agents]
-        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        mean_ctx = mean_context(ctx)
         self._watch = None
         try:
             engine.request(Control(batch_cap=back.batch_cap if back.batch_cap != cur.batch_cap else None,
@@ -443,7 +443,7 @@ class Tuner:
         for k in sorted(kvs):
             if (own := engine.analysis.fit(k)) is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
                 continue
-            long = long_context(sum(ctx) / max(len(ctx), 1), engine.s.ctx_per_agent)
+            long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
             try:
                 p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
             except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
@@ -497,7 +497,7 @@ class Tuner:
         out += [replace(cur, residency=r) for r in RESIDENCY if r != cur.residency]
         out = [c for c in out if c.kv not in engine.refused_kv]
         ctx = [a.context for a in engine.agents]
-        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        mean_ctx = mean_context(ctx)
         out = [c for c in out if not self._penalised(engine, c, mean_ctx)]
         if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
             out = [c for c in out if engine.budget_tokens(c.kv) >= min_context(engine.s)]
@@ -587,7 +587,7 @@ class Tuner:
         if any(run[-1].seconds <= 0 for run in base):
             return None
         ctx = [a.context for a in engine.agents]
-        mean_ctx = sum(ctx) / max(len(ctx), 1)
+        mean_ctx = mean_context(ctx)
         candidates = [c for c in self.candidates(engine, cur) if not kv_only or c.kv != cur.kv]
         forecasts = {c: f for c in candidates if (f := self.forecast(engine, c)) is not None}
         if not forecasts:
@@ -681,7 +681,7 @@ class Tuner:
             return None  # the sim's model is the card itself; without conversion a trial costs a re-prefill
         n = len(engine.agents)
         ctx = [a.context for a in engine.agents]
-        mean_ctx = sum(ctx) / max(n, 1)
+        mean_ctx = mean_context(ctx)
         bm = engine.facts.bytes_model
         fit = engine.analysis.fit(cur.kv)
         if fit is None or fit.samples < MIN_OWN_FIT_SAMPLES:
