@@ -219,7 +219,11 @@ class ByteModel:
     def step_bytes(self, kv: str, contexts: Sequence[float],
                    distinct_experts: float | Sequence[float] | None = None) -> float:
         """Bytes one decode step reads: W(B) + sum over the batch of (s + K(L_i))."""
-        private = sum(self.state_bytes + self.kv_read_bytes(kv, c) for c in contexts)
+        full, windowed = self._kv_terms(kv)
+        if windowed:
+            private = sum(self.state_bytes + self.kv_read_bytes(kv, c) for c in contexts)
+        else:  # K(L) of every layer is full * L: the same sum, without a call per agent (every forecast step)
+            private = sum(self.state_bytes + full * max(c, 0.0) for c in contexts)
         return self.weight_bytes(len(contexts), distinct_experts) + private
 
     def step_read(self, kv: str, contexts: Sequence[float], tokens: int,
