@@ -202,8 +202,8 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
                                                            "max_tokens": 8, "user": "reviewer"})
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         # its row: its key, and (once the paced sim's records catch up) waiting for its client
-        assert await wait_for(pilot, lambda: any(a.label == "reviewer" and a.state == "client"
-                                                 for a in app.stats.latest.agents), 60)
+        assert await wait_for(pilot, lambda: app.stats.latest is not None and any(
+            a.label == "reviewer" and a.state == "client" for a in app.stats.latest.agents), 60)
         await pilot.press("k")  # the dashboard's controls reach the served engine
         assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
         await pilot.press("q")

@@ -3,12 +3,15 @@
 
 Fixed-width lines of rich Text, not a Table or a DataTable: the rows are rebuilt whole at each repaint,
 and measuring a Table's cells took 3.7 ms a frame against 0.85 ms for these lines (a DataTable's per-cell
-updates cost more still), time taken from the engine's threads on a small CPU."""
+updates cost more still), time taken from the engine's threads on a small CPU. Drawn through the line API
+(tui/widgets/lines.py) for the same reason."""
 
 from rich.text import Text
-from textual.widgets import Static
+from textual.geometry import Size
 
+from swarmtune.engine.records import AgentView
 from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.lines import TextLines
 
 STATE_STYLE = {"decoding": "green", "waiting": "yellow", "prefilling": "cyan", "preempted": "red", "idle": "dim",
                "tool": "blue", "client": "blue"}
@@ -45,25 +48,39 @@ def served_label(label: str, reused: int | None) -> Text:
     return Text(f"{label[:16]}" + (f" ♻{tokens(reused)}" if reused else "") + " │ ", style="dim")
 
 
-class AgentsTable(Static):
-    _rows = -1
+class AgentsTable(TextLines):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._agents: list[AgentView] = []
+        self._rates: dict[int, float] = {}
+        self._rows = -1
 
     def show(self, stats: Stats) -> None:
         r = stats.latest
         if r is None:
             return
-        tail_w = max(0, self.size.width - FIXED_W)
+        self._agents = list(r.agents)
+        self._rates = {a.id: stats.agent_tokens_per_second(a.id) for a in r.agents}
+        # its height changes only when agents come or go: reflow the screen only then
+        if len(r.agents) != self._rows:
+            self._rows = len(r.agents)
+            self.refresh(layout=True)
+        self.redraw()
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._agents) + 1 if self._rows >= 0 else 0  # the header and a row per agent
+
+    def text(self, width: int, height: int) -> Text:
+        tail_w = max(0, width - FIXED_W)
         lines = [Text.assemble(cell("id", ID_W, True), " ", cell("state", STATE_W), " ", cell("context", CONTEXT_W),
                                " ", cell("gen", GEN_W, True), " ", cell("tok/s", RATE_W, True), " ",
                                cell("text", tail_w), style="bold")]
-        for a in r.agents:
+        for a in self._agents:
             state = Text(a.state + RESIDENCY_MARK.get(a.residency, ""), style=STATE_STYLE.get(a.state, ""))
             lines.append(Text.assemble(
                 cell(str(a.id), ID_W, True), " ", cell(state, STATE_W),
                 " ", cell(context_bar(a.context, a.limit), CONTEXT_W), " ", cell(f"{a.generated:,}", GEN_W, True),
-                " ", cell(f"{stats.agent_tokens_per_second(a.id):.1f}", RATE_W, True), " ",
+                " ", cell(f"{self._rates[a.id]:.1f}", RATE_W, True), " ",
                 cell(served_label(a.label, a.reused) + a.tail.replace("\n", " ")[-40:], tail_w),
             ))
-        # its height changes only when agents come or go: reflow the screen only then
-        self.update(Text("\n").join(lines), layout=len(r.agents) != self._rows)
-        self._rows = len(r.agents)
+        return Text("\n").join(lines)

@@ -3,24 +3,24 @@
 import math
 
 from rich.text import Text
-from textual.widget import Widget
 
 from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
 from swarmtune.engine.step_model import Fit
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.braille import Chart, Series
+from swarmtune.tui.widgets.lines import TextLines
 from swarmtune.tui.widgets.status import human_bytes
 
 
-class _Chart(Widget):
+class _Chart(TextLines):
     """A braille chart (tui/widgets/braille.py), rebuilt by show() and drawn at the widget's size."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.chart = Chart()
 
-    def render(self) -> Text:
-        return self.chart.render(self.size.width, self.size.height)
+    def text(self, width: int, height: int) -> Text:
+        return self.chart.render(width, height)
 
 
 class BatchPlot(_Chart):
@@ -37,7 +37,7 @@ class BatchPlot(_Chart):
             c.add(Series("batch", xs, [x[1] for x in h], "cyan"))
             c.y_range, c.y_ticks = (0.0, top + 0.5), (0, top)
         self.chart = c
-        self.refresh()
+        self.redraw()
 
 
 NO_BYTES = "n/a: W and k unknown (--gguf, or --weight-bytes and --kv-bytes-per-token)"
@@ -61,12 +61,12 @@ class SpeedupPlot(_Chart):
         h = stats.header
         if r is None or not h:
             self.chart = Chart()
-            self.refresh()
+            self.redraw()
             return
         bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
             self.chart = Chart(title="speedup " + NO_BYTES)
-            self.refresh()
+            self.redraw()
             return
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
@@ -94,14 +94,15 @@ class SpeedupPlot(_Chart):
         if r.measured_speedup is not None:
             c.add(Series(f"now (B={r.batch})", [r.mean_context], [r.measured_speedup], "red", kind="marker"))
         self.chart = c
-        self.refresh()
+        self.redraw()
 
 
-class BytesPlot(Widget):
+class BytesPlot(TextLines):
     """Two bars, the shared and the private bytes per token, drawn as text: a plot library's fixed cost per
     frame (7 ms here) bought nothing for two numbers, and that time comes out of the engine's cores."""
 
     LABEL_COLUMNS = 17
+    WRAP = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -117,7 +118,7 @@ class BytesPlot(Widget):
         bm = bytes_known(h, as_kv_type(r.kv_type))
         if bm is None:
             self._title, self._bars, self._footer = NO_BYTES, [], ""
-            self.refresh()
+            self.redraw()
             return
         per_token_w = r.weight_bytes / r.batch
         per_token_private = bm.private_bytes_per_token(as_kv_type(r.kv_type), r.mean_context)
@@ -130,11 +131,11 @@ class BytesPlot(Widget):
         self._bars = [("weights/B shared", per_token_w, "cyan"), (private, per_token_private, "magenta")]
         private_bytes = r.kv_bytes + (r.state_bytes or 0)
         self._footer = f"step: {human_bytes(r.weight_bytes)} shared + {human_bytes(private_bytes)} private"
-        self.refresh()
+        self.redraw()
 
-    def render(self) -> Text:
+    def text(self, width: int, height: int) -> Text:
         t = Text(self._title, style="bold")
-        bar_w = max(4, self.size.width - self.LABEL_COLUMNS - 12)  # room for the figure after the bar
+        bar_w = max(4, width - self.LABEL_COLUMNS - 12)  # room for the figure after the bar
         top = max((v for _, v, _ in self._bars), default=0.0) or 1.0
         if self._bars:
             t.append("\n")
