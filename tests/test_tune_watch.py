@@ -158,3 +158,42 @@ def test_a_fit_carried_past_the_contexts_it_timed_is_not_taken_as_what_staying_w
     while max(a.context for a in e.agents) <= 1.25 * timed[1]:
         e.step()
     assert not t.timed_here(e, "f16")
+
+
+class _Calibrated(_Model):
+    calibrated = True
+
+    def corrected(self, kv, decode, prefill, decode_base_share=0.0, prefill_base_share=0.0):
+        return (None, None)
+
+
+def _prefill(i: int, kv: str = "q8_0") -> StepRecord:
+    return StepRecord(step=i, t=float(i), kind="prefill", batch=1, batch_ids=[0], batch_cap=4, kv_type=kv,
+                      agents=[AgentView(j, 400, "prefilling", 2048, 1, 0, "", "cache") for j in range(4)],
+                      weight_bytes=0, kv_bytes=0.0, seconds=0.2 * (1 + 0.05 * (i % 3)), tokens=128,
+                      source="measured")
+
+
+def test_a_kv_switch_is_confirmed_only_once_its_prefill_was_timed_too():
+    # a q8_0 switch confirmed on 8 decode steps while its prefill model stood unquestioned, in a run whose
+    # time was 60% prefill (at 1.5x that model): the run came out 15% below either static setting
+    from types import SimpleNamespace
+
+    from swarmtune.engine.tune import Setting
+    from swarmtune.engine.tune_events import Confirmed
+
+    f16, q8 = Setting(4, "f16", "keep"), Setting(4, "q8_0", "keep")
+    engine = SimpleNamespace(state=lambda: SimpleNamespace(batch_cap=4, kv="q8_0", residency="keep"))
+    t = Tuner(Goal(allowed_kv=("f16", "q8_0")))
+    t._learn(_prefill(0, "f16"))  # the run prefills: the tuner has timed prefill chunks
+    t._corrected_gain = lambda *a: (0.2, 0.3, 0.1)  # its forecasts, corrected: a clear gain either way
+    t._watch = (Watch("q8_0", 0.2, _Calibrated()), f16, q8)
+    events = []
+    for i in range(1, 3 * MIN_STEPS):
+        events += t._check_watch(engine, _decode(0.04 * (1 + 0.02 * (i % 3)), i))
+    assert not any(isinstance(e, Confirmed) for e in events)  # decode steps alone do not confirm it
+    for i in range(100, 105):
+        events += t._check_watch(engine, _prefill(i))
+    for i in range(3 * MIN_STEPS, 5 * MIN_STEPS):
+        events += t._check_watch(engine, _decode(0.04 * (1 + 0.02 * (i % 3)), i))
+    assert any(isinstance(e, Confirmed) for e in events)
