@@ -292,17 +292,13 @@ class Tuner:
             w.checks += 1
             if gain is None:
                 return []
-            # a type's prefill is judged on its own steps too, where the run prefills: until three were timed
-            # the prefill model stood unquestioned, and at 2 threads here a q8_0 switch was confirmed on 8
-            # decode steps in a run whose time was 60% prefill, at 1.5x its model at q8_0 (the run: -15%)
-            prefill_known = w.prefill.stderr is not None or not self._prefill
             # once a switch is made, staying costs nothing and going back costs a conversion: the margin was
             # the bar for making it; what keeps it is a corrected forecast no worse than going back
-            if gain[2] >= 0.0 and prefill_known:
+            if gain[2] >= 0.0:
                 return self._confirm(engine, w, back, to, gain)
             if gain[1] < -TOLERANCE or (w.trial and gain[0] < 0.0):
                 return self._revert(engine, w, back, to, gain)
-            if w.checks >= (TRIAL_CHECKS if w.trial else MAX_CHECKS) and prefill_known:
+            if w.checks >= (TRIAL_CHECKS if w.trial else MAX_CHECKS):
                 # neither way past its noise: it holds, and the forecasts take it from here
                 self._watch = None
                 return [Held(to=to, q=_round(w.q), measured_gain=round(gain[0], 4),
