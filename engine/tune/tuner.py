@@ -70,8 +70,6 @@ PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) time
 # one to pay for itself. Over a last epoch or so the forecasts are of a few discrete events (a prefill, a
 # preemption) and swung by them: here +71% forecast at 14 s before the end, -27% measured
 LAST_CHANGE_EPOCHS = 2
-# a fit stands for contexts up to this much past the longest it timed; further, a forecast on it is a guess
-EXTRAPOLATION_SLACK = 1.25
 OUTCOME_MIN_SPANS = 2  # the objective is compared with the forecast of staying from this many epochs on
 # a trial is made only where what it may cost (two conversions and its steps at half speed) is at most this
 # share of what is left of the horizon
@@ -355,12 +353,6 @@ class Tuner:
         gain, stated = o.measured_gain, o.stated_error
         if gain is None or stated is None or gain + stated >= -TOLERANCE:
             return []
-        if p.from_.kv != p.to.kv and engine.backend.source != "simulated" and not self.timed_here(engine, p.from_.kv):
-            # staying was forecast on a fit of the old type carried past the contexts it timed: that says
-            # little of what staying would have given (here f16's steps at those contexts took 2.1x its early
-            # fit, a -45% outcome went back to it and the run lost 20%). The watch, on the new type's own
-            # measured steps, stays the judge. (A sim profile is the card itself: nothing is carried there.)
-            return []
         self._pending, self._pending_tally = None, None
         back, cur = p.from_, p.to
         gone = self._go_back(engine, back, cur)
@@ -371,15 +363,6 @@ class Tuner:
                             why=f"tune check: {cur.label()} is measurably worse than staying: {gain:+.1%} over "
                                 f"{o.span_s:.0f} s against the forecast of staying (error ±{stated:.0%}, measured); "
                                 f"back to {back.label()}, not tried again until the contexts or the budget move")]
-
-    def timed_here(self, engine: Engine, kv: str) -> bool:
-        """Whether this KV type's step-time fit was timed at contexts near the swarm's present ones (up to
-        EXTRAPOLATION_SLACK past the longest it timed), not carried past them."""
-        fit = engine.analysis.fit(kv)
-        if fit is None or fit.timed_tokens is None:
-            return False
-        longest = max((a.context for a in engine.agents), default=0)
-        return engine.facts.bytes_model.kv_equivalent_tokens(kv, longest) <= EXTRAPOLATION_SLACK * fit.timed_tokens[1]
 
     def _go_back(self, engine: Engine, back: Setting, cur: Setting, q: float = 1.0) -> float | RevertRefused:
         """Back to the setting a change left, remembered as worse under these conditions: the mean context
