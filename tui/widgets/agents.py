@@ -53,22 +53,20 @@ class AgentsTable(TextLines):
         super().__init__(*args, **kwargs)
         self._agents: list[AgentView] = []
         self._rates: dict[int, float] = {}
-        self._rows = -1
 
     def show(self, stats: Stats) -> None:
         r = stats.latest
         if r is None:
             return
+        reflow = len(r.agents) != len(self._agents)  # its height changes only when agents come or go
         self._agents = list(r.agents)
         self._rates = {a.id: stats.agent_tokens_per_second(a.id) for a in r.agents}
-        # its height changes only when agents come or go: reflow the screen only then
-        if len(r.agents) != self._rows:
-            self._rows = len(r.agents)
+        if reflow:
             self.refresh(layout=True)
         self.redraw()
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._agents) + 1 if self._rows >= 0 else 0  # the header and a row per agent
+        return len(self._agents) + 1  # the header and a row per agent
 
     def text(self, width: int, height: int) -> Text:
         tail_w = max(0, width - FIXED_W)
