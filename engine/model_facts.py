@@ -8,6 +8,7 @@ import numpy as np
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
+from swarmtune.engine.gguf_header import GGUFHeader, HeaderError
 from swarmtune.engine.kv_types import KV_TYPES, kv_type
 
 GGUF_MAGIC = b"GGUF"
@@ -60,11 +61,9 @@ def read_model_facts(path: str | Path) -> ModelFacts:
     with p.open("rb") as fh:
         if fh.read(4) != GGUF_MAGIC:
             raise UserError(f"not a GGUF file (bad magic): {p}")
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(p)
-    except Exception as e:  # the reader raises assorted errors on a cut or corrupt header
+        reader = GGUFHeader(p)
+    except (HeaderError, OSError) as e:
         raise UserError(f"unreadable GGUF file {p}: {e}") from None
     file_bytes = p.stat().st_size
     tensors = {t.name: t for t in reader.tensors}

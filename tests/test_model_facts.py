@@ -80,3 +80,40 @@ def test_bad_model_files(tmp_path):
 def test_every_kv_type_has_a_cost():
     assert {"f16", "q8_0", "q4_0"} <= set(KV_TYPES)
     assert KV_TYPES["q8_0"].bytes_for(32) == 34 and KV_TYPES["q4_0"].bytes_for(32) == 18
+
+
+def test_the_header_reader_reads_what_ggufs_own_reader_does(tmp_path, model_path):
+    """engine/gguf_header.py against gguf's GGUFReader: every field's contents (string arrays, bools,
+    per-layer numbers, an alignment of its own) and every tensor's name, shape, bytes and offset."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import quantize
+
+    from swarmtune.engine.gguf_header import GGUFHeader
+
+    w = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_custom_alignment(64)
+    w.add_block_count(3)
+    w.add_array("llama.attention.head_count_kv", [2, 0, 4])
+    w.add_array("llama.attention.sliding_window_pattern", [True, False, True])
+    w.add_array("tokenizer.ggml.tokens", ["a", "ünï", "", "<|im_end|>"])
+    w.add_array("tokenizer.ggml.scores", [0.5, -1.0, 0.0, 2.25])
+    w.add_string("general.name", "tiny ✓")
+    w.add_float64("x.f64", 1e-300)
+    w.add_int64("x.i64", -(2**40))
+    w.add_bool("x.bool", True)
+    w.add_tensor("a", np.zeros((3, 64), dtype=np.float32))
+    w.add_tensor("b", np.zeros((2, 32), dtype=np.float16))
+    q4 = quantize(np.zeros((4, 64), dtype=np.float32), GGMLQuantizationType.Q4_0)
+    w.add_tensor("q", q4, raw_dtype=GGMLQuantizationType.Q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for path in (tmp_path / "m.gguf", model_path):
+        theirs, mine = GGUFReader(path), GGUFHeader(path)
+        keys = {k for k in theirs.fields if not k.startswith("GGUF.")}  # its own pseudo-fields: the header's counts
+        assert keys == set(mine.fields)
+        for k in keys:
+            assert mine.fields[k].contents() == theirs.fields[k].contents(), k
+        assert [(t.name, t.shape.tolist(), t.tensor_type, int(t.n_bytes), int(t.data_offset)) for t in theirs.tensors] == [
+            (t.name, t.shape.tolist(), t.tensor_type, t.n_bytes, t.data_offset) for t in mine.tensors]
