@@ -20,10 +20,11 @@ class Control:
         """What it changes, by the engine's names."""
         # read on every step (the engine's state is its settings with a pending change over them): not
         # asdict, whose deep copies were a fifth of a simulated forecast's time
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        return {f.name: v for f in _FIELDS if (v := getattr(self, f.name)) is not None}
 
     def __bool__(self) -> bool:
-        return bool(self.changes())
+        # read on every step, mostly of an empty change
+        return any(getattr(self, f.name) is not None for f in _FIELDS)
 
     def then(self, later: "Control") -> "Control":
         """This change and a later one, as one: where both set a field, the later's value."""
@@ -43,3 +44,6 @@ class Control:
         back = {v: k for k, v in HTTP_NAMES.items()}
         names = {f.name for f in fields(cls)}
         return cls(**{back.get(k, k): v for k, v in body.items() if back.get(k, k) in names})  # type: ignore[arg-type]
+
+
+_FIELDS = fields(Control)  # once: dataclasses.fields() builds its tuple on every call

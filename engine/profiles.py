@@ -5,6 +5,7 @@ t = (W(B) + sum over the batch of (s + K(L))) / bandwidth + B * compute_seconds_
 W(B) = W and K(L) = L k for a dense model), its power floor + per-agent watts.
 """
 
+import functools
 from dataclasses import dataclass
 
 from swarmtune.engine.bytes_model import ByteModel
@@ -33,7 +34,7 @@ class Profile:
     host_link_bytes_per_s: float = 25e9
     device_memory_bytes: float | None = None  # the card's memory (vLLM's --gpu-memory-utilization is a share of it)
 
-    @property
+    @functools.cached_property  # read on every simulated step: one model, with its per-type terms cached
     def bytes_model(self) -> ByteModel:
         if self.layers is not None:
             return self.layers

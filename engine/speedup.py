@@ -34,12 +34,14 @@ class BatchOneReference:
         self.how = how
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.MAX_SAMPLES)
         self._line: tuple[float, float] | None = None  # (a, b), refitted when a sample arrives
+        self._range: tuple[float, float] | None = None  # the contexts timed (lo, hi), asked every decode step
 
     def add(self, context: float, seconds: float) -> None:
         if seconds <= 0:
             return
         self._samples.append((float(context), seconds))
         self._line = None
+        self._range = None
 
     @property
     def ready(self) -> bool:
@@ -49,12 +51,17 @@ class BatchOneReference:
     def samples(self) -> int:
         return len(self._samples)
 
+    def _span(self) -> tuple[float, float]:
+        if self._range is None:
+            xs = [x for x, _ in self._samples]
+            self._range = (min(xs), max(xs))
+        return self._range
+
     def covers(self, context: float) -> bool:
         """Close enough to a measured context to compare against (no long extrapolation)."""
         if not self._samples:
             return False
-        xs = [x for x, _ in self._samples]
-        lo, hi = min(xs), max(xs)
+        lo, hi = self._span()
         margin = max(128.0, 0.25 * hi)
         return lo - margin <= context <= hi + margin
 
