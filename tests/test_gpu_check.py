@@ -50,6 +50,7 @@ def cpu_check(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu_check")  # one worker runs the check its tests read
 def test_cpu_path_runs_end_to_end(cpu_check):
     p, out, _ = cpu_check
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -69,6 +70,7 @@ def test_cpu_path_runs_end_to_end(cpu_check):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu_check")  # one worker runs the check its tests read
 def test_written_model_reads_back_the_intended_shape(cpu_check, capsys):
     p, _, work = cpu_check
     assert p.returncode == 0
