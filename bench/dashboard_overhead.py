@@ -1,7 +1,8 @@
 """Engine tokens/s with the dashboard running (headless, via run_test) against `swarmtune record` on
 the same settings and the same range of steps (bench/stamps.py), in one run. Rounds alternate, each a pair
-(record, then dashboard); the figure is the median of the pairs' ratios: run-to-run noise here is +-4% per
-run, and a best-of-each ratio compares one run's luck with another's. The bar: ratio >= 0.95. Last line
+(record then dashboard, the next round the other way round); the figure is the median of the pairs'
+ratios: run-to-run noise here is +-4% per run, and a best-of-each ratio compares one run's luck with
+another's. The bar: ratio >= 0.95. Last line
 `ratio: X`.
 
 Every decode runs on a short-lived thread, as in the real commands, where one process decodes on one
@@ -72,15 +73,21 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--skip", type=int, default=10, help="steps before the timed range (the app starting)")
     ap.add_argument("--steps", type=int, default=120, help="steps in the timed range (~15 s on 2 cores)")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=8, help="an even number: as many pairs each way round")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
     backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=a.threads)
     recs, dashes, shares = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            recs.append(on_own_thread(record_run, backend, a, Path(tmp) / "r.jsonl"))
-            rate, share = asyncio.run(dashboard_run(backend, a))
+            # the pairs alternate their order (record first, then dashboard first), so that a pair's second
+            # run paying for its first (this VM's speed drifts over minutes) counts against neither side
+            rate, share = 0.0, 0.0
+            for which in (("record", "dashboard") if r % 2 == 0 else ("dashboard", "record")):
+                if which == "record":
+                    recs.append(on_own_thread(record_run, backend, a, Path(tmp) / "r.jsonl"))
+                else:
+                    rate, share = asyncio.run(dashboard_run(backend, a))
             dashes.append(rate)
             shares.append(share)
             print(f"round {r + 1}: record {recs[-1]:.1f} tok/s, dashboard {dashes[-1]:.1f} tok/s, "
