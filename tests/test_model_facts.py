@@ -115,5 +115,5 @@ def test_the_header_reader_reads_what_ggufs_own_reader_does(tmp_path, model_path
         assert keys == set(mine.fields)
         for k in keys:
             assert mine.fields[k].contents() == theirs.fields[k].contents(), k
-        assert [(t.name, t.shape.tolist(), t.tensor_type, int(t.n_bytes), int(t.data_offset)) for t in theirs.tensors] == [
-            (t.name, t.shape.tolist(), t.tensor_type, t.n_bytes, t.data_offset) for t in mine.tensors]
+        want = [(t.name, t.shape.tolist(), t.tensor_type, int(t.n_bytes), int(t.data_offset)) for t in theirs.tensors]
+        assert want == [(t.name, t.shape.tolist(), t.tensor_type, t.n_bytes, t.data_offset) for t in mine.tensors]

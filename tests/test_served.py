@@ -31,8 +31,17 @@ def test_a_stream_never_splits_a_character_nor_shows_a_stop(text, stops, cuts):
         if ts.stopped:
             break
     sent.append(ts.finish())
-    first = min((j for j in (text.find(s) for s in stops) if j >= 0), default=len(text))
-    assert "".join(sent) == text[:first]  # nothing of a stop, nothing after it, every character whole
+    # the stream stops at the first token after which the text so far holds a stop (as llama.cpp's server
+    # does: where stops overlap, "0" in "10" before "100" completes), cut where the earliest stop found begins
+    want, b, k = text, 0, 0
+    while b < len(data):
+        b, k = b + cuts[k % len(cuts)], k + 1
+        so_far = data[:b].decode("utf-8", errors="ignore")  # whole characters only, as the stream holds the rest
+        found = [j for j in (so_far.find(s) for s in stops) if j >= 0]
+        if found:
+            want = so_far[: min(found)]
+            break
+    assert "".join(sent) == want  # nothing of a stop, nothing after it, every character whole
     assert all("\ufffd" not in s for s in sent)
 
 
@@ -42,6 +51,14 @@ def test_a_stop_split_over_tokens_is_held_then_cut():
     assert ts.feed(b"nd> more") == "" and ts.stopped
     ts = TextStream(("</end>",))
     assert ts.feed(b"a </e") == "a " and ts.feed(b"x") == "</ex"  # not a stop after all: shown
+
+
+def test_overlapping_stops_cut_at_the_first_one_the_tokens_complete():
+    # hypothesis found it: "100" begins first, but with "1" and "0" as tokens, "0" completes first
+    ts = TextStream(("0", "100"))
+    assert ts.feed(b"1") == "" and ts.feed(b"0") == "1" and ts.matched == "0"
+    ts = TextStream(("0", "100"))
+    assert ts.feed(b"100") == "" and ts.matched == "100"  # one token: both are there, the earlier one cuts
 
 
 def test_a_character_split_over_tokens_waits_for_its_last_byte():
