@@ -140,3 +140,26 @@ def test_a_kv_types_measured_difference_grows_with_the_contexts_as_attention_doe
     corrected = fit.attention_scaled(f)
     assert corrected.step_seconds(8, 8 * 1250) == pytest.approx(1.2 * short)
     assert corrected.step_seconds(8, 8 * 100_000) / long > 1.35
+
+
+def test_an_outcome_is_not_judged_on_turns_of_another_shape(monkeypatch):
+    """The objective against the forecast of staying says nothing once the turns changed shape: that forecast
+    was of other turns (a swarm that went from reading to writing measured -72% "against staying" here)."""
+    from types import SimpleNamespace
+
+    p = profile(SIM)
+    s = EngineSettings(agents=8, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=p.kv_budget_bytes, seed=1,
+                       tool_latency_s=5.0, ctx_per_agent=p.context_per_agent)
+    goal = Goal(allowed_kv=("f16", "q8_0"), epoch_s=10.0, dwell_s=30.0, horizon_s=120.0, forecast_seeds=1,
+                confirm_seeds=1)
+    e = Engine(SimBackend(p), s, tuner=Tuner(goal), autotune=True)
+    while e.tuner._pending is None and e.now_s() < 100:
+        e.step()
+    assert e.tuner._pending is not None
+    worse = SimpleNamespace(measured_gain=-0.72, stated_error=0.24, span_s=20.0)  # past its error: a revert
+    monkeypatch.setattr(e.tuner, "_measured", lambda *args, **kwargs: worse)
+    e.set_workload(gen_tokens=192, tool_tokens=16)
+    assert e.tuner._check_outcome(e) == []
+    e.set_workload(gen_tokens=256, tool_tokens=1024)  # the turns the forecast ran on: judged, and reverted
+    out = e.tuner._check_outcome(e)
+    assert out and "measurably worse than staying" in out[-1].why

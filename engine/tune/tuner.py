@@ -345,9 +345,15 @@ class Tuner:
         """The closed loop on the objective itself: what the change measured so far (past OUTCOME_MIN_SPANS
         epochs) against the forecast of staying over the same span. Measurably below it, past the error
         stated for that span, it goes back: a forecast can be wrong in more than its step times (how the
-        budget fills, what a preemption costs)."""
+        budget fills, what a preemption costs). Not once the turns changed shape: that forecast was of
+        another swarm."""
         p, came = self._pending, self._pending_tally
         if p is None or came is None or self.setting(engine) != p.to:
+            return []
+        if turn_shape(engine) != p.shape:
+            # the swarm's turns changed shape since: its forecast of staying was of other turns, and what
+            # the objective did since is theirs as much as the setting's (a workload that went from reading
+            # to writing measured -72% "against staying" here). The step-time check still judges it.
             return []
         o = self._measured(engine, p, came)
         gain, stated = o.measured_gain, o.stated_error
@@ -648,7 +654,7 @@ class Tuner:
         # against the forecasts of that same span
         self._pending = Pending(from_=cur, to=best, predicted_gain=gain, spread=spread,
                                 predicted_old=self._objectives(stay_runs), predicted_new=self._objectives(new_runs),
-                                draws=self._draw_spreads(new_runs, stay_runs))
+                                draws=self._draw_spreads(new_runs, stay_runs), shape=turn_shape(engine))
         self._pending_tally = SpanTally(now, self.spans_for(horizon))
         sim = self._simulator(engine)
         self._watch = (Watch(best.kv, gain, SimStepCost(sim), trial=trial), cur, best) if sim is not None else None
@@ -801,6 +807,7 @@ class Pending:
     predicted_old: list[float | None]  # the forecast objective of staying, per span
     predicted_new: list[float | None]  # and of the change
     draws: list[tuple[float | None, int]]  # per span: the spread of the forecast's draws and how many
+    shape: tuple[int, int] = (0, 0)  # the turns' shape the forecasts ran on (turn_shape)
 
 
 _VERDICT_WORDS = {"agrees": "agrees", "disagrees": "disagrees",
