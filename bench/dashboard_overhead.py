@@ -82,12 +82,12 @@ def main() -> None:
         for r in range(a.rounds):
             # the pairs alternate their order (record first, then dashboard first), so that a pair's second
             # run paying for its first (this VM's speed drifts over minutes) counts against neither side
-            rate, share = 0.0, 0.0
-            for which in (("record", "dashboard") if r % 2 == 0 else ("dashboard", "record")):
-                if which == "record":
-                    recs.append(on_own_thread(record_run, backend, a, Path(tmp) / "r.jsonl"))
-                else:
-                    rate, share = asyncio.run(dashboard_run(backend, a))
+            record_first = r % 2 == 0
+            if record_first:
+                recs.append(on_own_thread(record_run, backend, a, Path(tmp) / "r.jsonl"))
+            rate, share = asyncio.run(dashboard_run(backend, a))
+            if not record_first:
+                recs.append(on_own_thread(record_run, backend, a, Path(tmp) / "r.jsonl"))
             dashes.append(rate)
             shares.append(share)
             print(f"round {r + 1}: record {recs[-1]:.1f} tok/s, dashboard {dashes[-1]:.1f} tok/s, "

@@ -807,7 +807,7 @@ class Pending:
     predicted_old: list[float | None]  # the forecast objective of staying, per span
     predicted_new: list[float | None]  # and of the change
     draws: list[tuple[float | None, int]]  # per span: the spread of the forecast's draws and how many
-    shape: tuple[int, int] = (0, 0)  # the turns' shape the forecasts ran on (turn_shape)
+    shape: tuple[int, int]  # the turns' shape the forecasts ran on (turn_shape)
 
 
 _VERDICT_WORDS = {"agrees": "agrees", "disagrees": "disagrees",
