@@ -192,6 +192,51 @@ def test_on_a_real_backend_it_forecasts_from_what_this_run_measured(llama_backen
     assert e.tuner._errors, "no forecast was checked against the run"
 
 
+class _TimedSim(SimBackend):
+    """The simulated card with its steps taken as a real backend's: the tuner's model of it is fit on the run's
+    own steps (the paths of a real backend), and the steps are quick."""
+
+    source = "measured"
+
+
+def test_a_first_look_on_a_young_fit_is_taken_again_once_the_fit_has_its_steps(monkeypatch):
+    """On a real backend the first look comes on a fit of a few steps; one that changed nothing is taken again
+    once the run's own fit has MIN_OWN_FIT_SAMPLES steps, not an epoch later (an epoch is a sixth of the
+    bench's run, and a KV switch is cheapest while the caches are short)."""
+    from swarmtune.engine.tune.tuner import MIN_OWN_FIT_SAMPLES
+
+    looks: list[tuple[float, int, int]] = []  # (when, the fit's steps then, the events it gave)
+    real_look = Tuner._look
+
+    def counted(self, engine, now, kv_only=False):
+        fit = engine.analysis.fit(engine.s.kv)
+        out = real_look(self, engine, now, kv_only)
+        looks.append((now, fit.samples if fit is not None else 0, len(out)))
+        return out
+
+    monkeypatch.setattr(Tuner, "_look", counted)
+    p = profile(SIM)
+    epoch_s = 3.0
+
+    def run(backend: SimBackend) -> None:
+        e = Engine(backend, EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, gen_tokens=64,
+                                           tool_tokens=128, seed=1),
+                   tuner=Tuner(Goal(epoch_s=epoch_s, horizon_s=epoch_s, forecast_seeds=1, confirm_seeds=0,
+                                    think_share=1.0)), autotune=True)
+        while (fit := e.analysis.fit(e.s.kv)) is None or fit.samples < MIN_OWN_FIT_SAMPLES + 16:
+            e.step()
+
+    run(_TimedSim(p))
+    assert len(looks) >= 2 and [n for *_, n in looks[:2]] == [0, 0], looks  # neither changed anything
+    # the second came as the fit reached its steps (its steps come by the millisecond here), not an epoch on
+    assert looks[0][1] < MIN_OWN_FIT_SAMPLES <= looks[1][1] < MIN_OWN_FIT_SAMPLES + 8, looks
+    assert looks[1][0] - looks[0][0] < epoch_s, looks
+    # on the simulated card, whose model is the card itself, every look is an epoch after the last
+    looks.clear()
+    run(SimBackend(p))
+    assert looks and all(b[0] - a[0] >= epoch_s for a, b in zip(looks, looks[1:], strict=False)), looks
+
+
 def test_a_kv_type_whose_budget_cannot_hold_one_agent_is_no_candidate():
     p = profile(SIM)
     s = EngineSettings(agents=1, ctx_per_agent=1600, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=300e6,

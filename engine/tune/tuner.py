@@ -106,6 +106,7 @@ class Tuner:
         self._pending: Pending | None = None  # a decision whose outcome is being measured
         self._pending_tally: SpanTally | None = None
         self._looked = False
+        self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
         self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
         # forecasts of staying being checked: (what each span was forecast to hold, what came, at which setting)
         self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
@@ -138,9 +139,20 @@ class Tuner:
         # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
         # while the caches it re-prefills are short
         first_look = not self._looked and self._simulator(engine) is not None
-        if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look):
+        if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look
+                                     and not self._fit_matured(engine)):
             return out
         return out + self._look(engine, now)
+
+    def _fit_matured(self, engine: Engine) -> bool:
+        """A first look that changed nothing was made on a fit of a few steps (a real backend's model of this
+        machine is its own steps): once that fit has MIN_OWN_FIT_SAMPLES, it looks again rather than an epoch
+        later. An epoch is a sixth of a 64 s run, a KV switch is cheapest while the caches are short, and a
+        trial needs that fit to be judged against."""
+        if not self._young_look:
+            return False
+        fit = engine.analysis.fit(engine.s.kv)
+        return fit is not None and fit.samples >= MIN_OWN_FIT_SAMPLES
 
     def probes_pay(self) -> bool:
         """A side-cache probe costs 3-8 s of the swarm's time on these 2-core CPUs (two prefilled histories
@@ -173,6 +185,7 @@ class Tuner:
         out: list[TuneEvent] = []
         self._looked = True
         self._epoch_start_s = now
+        self._young_look = False
         # it has thought enough for now: the engine's cores are for decoding. An average over the run with an
         # epoch's credit: without it, one look early in a run (0.45 s at 10 s on one thread) skipped the next
         # three, and a short run went by on one look
@@ -196,6 +209,9 @@ class Tuner:
                 if pending[0] is not None:  # the last decision's outcome: over the spans that passed before this one
                     out.append(self._measured(engine, *pending))
                 out.append(decision)
+        if not out and engine.backend.source != "simulated":
+            fit = engine.analysis.fit(cur.kv)
+            self._young_look = fit is None or fit.samples < MIN_OWN_FIT_SAMPLES
         self._thought_s += time.perf_counter() - t0
         return out
 
