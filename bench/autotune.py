@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import platform
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -180,7 +181,7 @@ def figure(results: list[dict], path: Path) -> None:
         clock = "simulated s" if res["source"] == "simulated" else "s"
         ax.set_xlabel(f"time ({clock})")
         ax.set_ylabel(f"decode tok/s since start ({res['source']})")
-        ax.set_title(f"{res['name']}: tuner {res['ratio']:.2f} of best static")
+        ax.set_title(textwrap.fill(f"{res['name']}: tuner {res['ratio']:.2f} of best static", 60), fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
