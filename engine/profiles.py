@@ -33,6 +33,10 @@ class Profile:
     # device <-> host copies of a swapped-out history (modeled): PCIe 4.0 x16's 32 GB/s at ~80% efficiency
     host_link_bytes_per_s: float = 25e9
     device_memory_bytes: float | None = None  # the card's memory (vLLM's --gpu-memory-utilization is a share of it)
+    # per KV type, what reading one of its cache bytes costs against a weight byte (a dequantizing kernel
+    # slower or faster than the byte count says); a type not named costs 1. A card's truth that a stated
+    # profile may not know: the bench's mis-stated cards (bench/autotune.py)
+    kv_cost_factor: tuple[tuple[str, float], ...] = ()
 
     @functools.cached_property  # read on every simulated step: one model, with its per-type terms cached
     def bytes_model(self) -> ByteModel:

@@ -64,8 +64,11 @@ class SimBackend:
     # not a bench). A forecast's calibrated simulator uses the rate measured in its own run instead
     convert_bytes_per_s = 1.0e9
 
-    def __init__(self, p: Profile) -> None:
-        self.profile = p
+    def __init__(self, p: Profile, stated: Profile | None = None) -> None:
+        self.profile = p  # the card as it is: every step's time comes from it
+        # the card as its model states it: what a tuner forecasts with. The same by default; the bench's
+        # mis-stated cards run on one profile and are described by another
+        self.stated = stated or p
         self.facts = sim_facts(p)
         self.info = BackendInfo(name="sim", device=p.description, versions={},
                                 settings={"profile": p.name, "chat_template": "ChatML (simulated tokenizer)"})
@@ -184,9 +187,14 @@ class SimBackend:
         """The roofline: the bytes the step reads (engine/bytes_model.py) over the bandwidth, plus compute.
         contexts: each sequence's context (windowed layers read at most their window); else all equal."""
         p = self.profile
+        kv = kv or self.kv
         ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
-        memory_s = p.bytes_model.step_bytes(kv or self.kv, ctx) / p.effective_bandwidth_bytes_per_s
-        return memory_s + batch * p.compute_seconds_per_token
+        step_bytes = p.bytes_model.step_bytes(kv, ctx)
+        factor = dict(p.kv_cost_factor).get(kv, 1.0)
+        if factor != 1.0:  # the KV read alone costs more (or less) than its bytes
+            weights = p.bytes_model.step_bytes(kv, [0.0] * len(ctx))
+            step_bytes = weights + factor * (step_bytes - weights)
+        return step_bytes / p.effective_bandwidth_bytes_per_s + batch * p.compute_seconds_per_token
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         total = sum(positions) + len(seqs)  # each sequence's attention reads its cache, this token included

@@ -568,8 +568,8 @@ class Tuner:
                    ) -> SimBackend | None:
         """correct: per KV type, the step-time and prefill models to forecast it with instead."""
         b = engine.backend
-        if isinstance(b, SimBackend):  # the sim profile is the card itself: forecast on it
-            return SimBackend(b.profile)
+        if isinstance(b, SimBackend):  # the card as its profile states it (the card itself, unless mis-stated)
+            return SimBackend(b.stated)
         own = {kv: fit for kv in KV_TYPES if (fit := engine.analysis.fit(kv)) is not None}
         prefills = {kv: c.fit for kv, c in self._prefill.items() if c.fit is not None}
         if not own or not prefills:
