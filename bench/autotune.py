@@ -1,26 +1,33 @@
 """The tuner against every static setting, under several conditions, on seeded workloads with tool waits
-whose contexts grow past the KV budget: (a) the default static setting (every agent in the batch, f16,
-keep), (b) each static setting of a grid of batch cap x KV type x residency (the best of them, picked in
-hindsight, is the bar), (c) the tuner, started at the default and allowed the grid's KV types.
+whose contexts grow past the KV budget: (a) the setting the tuner starts from (every agent in the batch,
+f16, keep), (b) each static setting of a grid of batch cap x KV type x residency, and (c) the tuner,
+started at (a) and allowed the grid's KV types. The best static setting, picked in hindsight, is the best
+of the grid and of every final setting the tuner reached that the grid lacked (each run as a static
+setting afterwards, as often as the others): the grid holds every setting the tuner ended on.
 
 The objective is decode tokens per second of the engine's clock over the whole run (simulated seconds on
 the sim profile, wall seconds on the real model; rebuilds, prefill, swaps and idle waits all count).
-On a real backend every setting and the tuner run twice, the second pass in reverse order, and each
-figure is the mean of its two runs (on this CPU one static setting gave 35.4 and 39.8 tok/s in two
-benches): the best static setting is picked on its mean, the tuner judged on its own. A simulated run is
+On a real backend every setting and the tuner run RUNS (3) times in passes, each pass the last one
+reversed (a drift of the machine's speed weighs on every setting alike, and the tuner's runs are never
+back to back); a figure is the mean of its runs with their min-max beside it, and a ratio's spread is the
+min-max of the per-pass ratios (the tuner's run over that pass's best static run). A simulated run is
 deterministic: one pass.
 
-Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; the real
-model at 2 and 1 threads, two seeds and a second KV budget, and, with --avx2-python, the first of them in an
-environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh: no AVX-512, no AMX, where q8_0's
-attention weighs against f16 the other way). Each condition prints its ratios against the best static
-setting and against the starting one, and its outcomes counted agree / disagree / inconclusive; the last
-lines are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static).
---figure writes the objective over time (the tuner's decisions marked) for the first conditions.
+Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; cards
+whose tuner's model is mis-stated (the card runs one profile, the tuner forecasts with another: bandwidth,
+compute or a KV type's cost off by 30-40%, and one where q8_0's KV read costs 2.5x its bytes, so that the
+model's sign is wrong); the real model at 2 and 1 threads, two seeds and a second KV budget; a workload
+whose best setting changes as it runs (read, write, read); with --avx2-python, the first real condition in
+an environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh). Each condition prints its
+ratios against the best static setting and against the starting one, and its outcomes counted
+agree / disagree / no verdict (each in its own column); the last lines are the worst of each:
+`worst vs start: X` and `ratio: X` (the worst against the best static), the changing workload's line
+before them. --figure writes the objective over time (the tuner's decisions marked).
 
-    python bench/autotune.py                       # every condition here (~40 min on a 2-core box)
-    python bench/autotune.py --only sim            # the simulated conditions (~8 min)
-    python bench/autotune.py --avx2-python .venv-avx2/bin/python   # and the real ones on an AVX2-only build
+    python bench/autotune.py                       # every condition (~60 min on a 2-core box)
+    python bench/autotune.py --only sim            # the simulated conditions
+    python bench/autotune.py --only real           # the real model's, the changing workload included
+    python bench/autotune.py --avx2-python .venv-avx2/bin/python   # and the first real one on an AVX2-only build
 """
 
 import argparse
@@ -44,6 +51,19 @@ from swarmtune.engine.tune import Goal, Tuner
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=480.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
            tool_tokens=1024, caps=(4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap"))
 SIM_CONDITIONS = [dict(profile=p, seed=s) for p in ("rx9070xt-qwen3.5-9b", "rtx4090-qwen3.5-9b") for s in (1, 2)]
+# cards the tuner's model mis-states: the card runs `true` (the profile with these changes), the tuner
+# forecasts with the profile as listed. Nobody tuned the tuner on them.
+MISSTATED = [
+    dict(profile="rx9070xt-qwen3.5-9b", seed=1, what="bandwidth 30% below its model",
+         true=dict(bandwidth=0.7)),
+    dict(profile="rtx4090-qwen3.5-9b", seed=2, what="compute 40% above its model",
+         true=dict(compute=1.4)),
+    dict(profile="rx9070xt-qwen3.5-9b", seed=2, what="q8_0's KV read 40% dearer than its bytes",
+         true=dict(kv_cost={"q8_0": 1.4})),
+    dict(profile="rtx4090-qwen3.5-9b", seed=1, what="q8_0's KV read 2.5x its bytes: the model's sign wrong",
+         true=dict(kv_cost={"q8_0": 2.5})),
+]
+RUNS = 3  # runs of each setting (and of the tuner) on a real backend
 # the default model on this CPU: contexts reach the budget within the minute. The grid is thinned (not the
 # conditions) so that the bench fits in 40 minutes: cap 8 at both KV types (caps 2 and 4 were never the best
 # static setting here); 64 s a run: the budget fills within it
@@ -90,34 +110,47 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
             next_mark = now + w["seconds"] / 120
     if tuner is not None and (last := tuner.outcome_now(e)) is not None:
         decisions.append({"t": e.now_s(), **last.to_json()})  # the last decision, over the spans the run still had
+    # what the tuner spent (its thinking, its switches, its experiments), where it counts it
+    cost = getattr(tuner, "cost", None)
     out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
-           "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency}}
+           "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency},
+           "cost": None if cost is None else cost.to_json()}
     e.meter.close()  # the backend stays open: the next run of this workload opens its cache again
     return out
 
 
 def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
-    """Every static setting of the grid and the tuner, in passes. On a real backend two passes, the second in
-    reverse order (a drift of the machine's speed over the bench then weighs on every setting alike), and
-    every figure is the mean of its runs: the best static setting is picked on its mean, as the tuner is
-    judged on its own. A simulated run is deterministic, so one pass says all of it."""
+    """Every static setting of the grid and the tuner, in passes (RUNS on a real backend, each the last one
+    reversed); then every final setting of the tuner the grid lacked, as static runs as often. The best
+    static setting is picked on its mean, as the tuner is judged on its own."""
     t0 = time.perf_counter()
-    settings = [(w["agents"], "f16", "keep")] + [g for g in itertools.product(w["caps"], w["kvs"], w["residencies"])
-                                                 if g != (w["agents"], "f16", "keep")]
-    # the tuner runs second, between static runs, and the second pass is the first reversed: each setting's
-    # runs sit at the same mean position (a drift of the machine's speed over the bench weighs on all
-    # alike), and the tuner's two runs are never back to back, where one slow minute of this VM (a static
-    # setting measured 28.5 tok/s in one pass and 24.6 in the other) took both of them
+    start = (w["agents"], "f16", "keep")
+    settings = [start] + [g for g in itertools.product(w["caps"], w["kvs"], w["residencies"]) if g != start]
+    # the tuner runs second, between static runs: each setting's runs sit at the same mean position over the
+    # passes, and the tuner's runs are never back to back
     order = [(settings[0], False), (settings[0], True)] + [(g, False) for g in settings[1:]]
-    passes = 1 if source == "simulated" else 2
+    passes = 1 if source == "simulated" else RUNS
     runs: dict[tuple, list[dict]] = {}
+
+    def one(cap: int, kv: str, res: str, tuned: bool, k: int) -> None:
+        r = run(make_backend, w, cap, kv, res, tuned, seed)
+        r["pass"] = k
+        runs.setdefault((cap, kv, res, tuned), []).append(r)
+        what = "tuner" if tuned else f"static cap {cap}, {kv}, {res}"
+        print(f"[{name}]   pass {k + 1}: {what}: {r['tokens_per_s']:.2f} tok/s ({source})", flush=True)
+
     for k in range(passes):
         for (cap, kv, res), tuned in (order if k % 2 == 0 else order[::-1]):
-            r = run(make_backend, w, cap, kv, res, tuned, seed)
-            runs.setdefault((cap, kv, res, tuned), []).append(r)
-            what = "tuner" if tuned else f"static cap {cap}, {kv}, {res}"
-            print(f"[{name}]   pass {k + 1}: {what}: {r['tokens_per_s']:.2f} tok/s ({source})", flush=True)
+            one(cap, kv, res, tuned, k)
+    tuned_runs = runs[(*start, True)]
+    # the hindsight grid holds every setting the tuner ended on
+    finals = sorted({(r["final"]["cap"], r["final"]["kv"], r["final"]["residency"]) for r in tuned_runs})
+    extra = [f for f in finals if f not in settings]
+    for k in range(passes):
+        for g in extra:
+            one(*g, False, k)
+    settings += extra
 
     def mean(rs: list[dict]) -> float:
         return sum(r["tokens_per_s"] for r in rs) / len(rs)
@@ -125,35 +158,69 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
     grid = [dict(runs[(*g, False)][0], tokens_per_s=mean(runs[(*g, False)]),
                  runs_tokens_per_s=[r["tokens_per_s"] for r in runs[(*g, False)]]) for g in settings]
     default, best = grid[0], max(grid, key=lambda r: r["tokens_per_s"])
-    tuned_runs = runs[(*settings[0], True)]
     tuned = dict(tuned_runs[0], tokens_per_s=mean(tuned_runs),
                  runs_tokens_per_s=[r["tokens_per_s"] for r in tuned_runs],
-                 decisions=[dict(d, run=i + 1) for i, r in enumerate(tuned_runs) for d in r["decisions"]])
+                 decisions=[dict(d, run=i + 1) for i, r in enumerate(tuned_runs) for d in r["decisions"]],
+                 costs=[r["cost"] for r in tuned_runs])
     for d in tuned["decisions"]:
         print(f"[{name}]   tuner run {d['run']} {d['t']:7.1f} s  {d['why']}", flush=True)
-    verdicts = [d.get("verdict") for d in tuned["decisions"] if d["phase"] == "measured"]
-    counts = {v: verdicts.count(v) for v in ("agrees", "disagrees", "inconclusive")}
+    for i, c in enumerate(tuned["costs"]):
+        if c is not None:
+            print(f"[{name}]   tuner run {i + 1} cost: {c.get('why', c)}", flush=True)
+    counts = count_verdicts(tuned["decisions"])
     reverted = sum(d["phase"] == "reverted" for d in tuned["decisions"])
-    print(f"[{name}] outcomes: {counts['agrees']} agree, {counts['disagrees']} disagree, {counts['inconclusive']} "
-          f"inconclusive; {reverted} change(s) reverted by the closed loop", flush=True)
+    print(f"[{name}] outcomes: {counts['agrees']} agree, {counts['disagrees']} disagree, {counts['none']} without a "
+          f"verdict; {reverted} change(s) reverted", flush=True)
     ratio = tuned["tokens_per_s"] / best["tokens_per_s"]
     vs_start = tuned["tokens_per_s"] / default["tokens_per_s"]
+    # the spread: per pass, the tuner's run over that pass's run of the same static setting
+    best_key, start_key = (best["cap"], best["kv"], best["residency"], False), (*start, False)
+    per_pass = {r["pass"]: r["tokens_per_s"] for r in tuned_runs}
+    ratio_runs = [per_pass[r["pass"]] / r["tokens_per_s"] for r in runs[best_key]]
+    start_runs = [per_pass[r["pass"]] / r["tokens_per_s"] for r in runs[start_key]]
 
     def figs(r: dict) -> str:
-        return "" if len(r["runs_tokens_per_s"]) < 2 else " (runs " + ", ".join(
-            f"{x:.2f}" for x in r["runs_tokens_per_s"]) + ")"
-    print(f"[{name}] default {default['tokens_per_s']:.2f}{figs(default)}, best static (cap {best['cap']}, "
+        xs = r["runs_tokens_per_s"]
+        return "" if len(xs) < 2 else f" ({min(xs):.2f}-{max(xs):.2f})"
+    print(f"[{name}] start {default['tokens_per_s']:.2f}{figs(default)}, best static (cap {best['cap']}, "
           f"{best['kv']}, {best['residency']}) {best['tokens_per_s']:.2f}{figs(best)}, tuner "
-          f"{tuned['tokens_per_s']:.2f}{figs(tuned)} tok/s ({source}); tuner / best static {ratio:.3f}, "
-          f"tuner / default {vs_start:.3f}; {time.perf_counter() - t0:.0f} s", flush=True)
+          f"{tuned['tokens_per_s']:.2f}{figs(tuned)} tok/s ({source}); tuner / best static {ratio:.3f}"
+          f"{spread(ratio_runs)}, tuner / start {vs_start:.3f}{spread(start_runs)}; "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     return {"name": name, "source": source, "default": default, "grid": grid, "best": best,
             "best_mean": best["tokens_per_s"], "tuned": tuned, "ratio": ratio, "vs_start": vs_start,
-            "verdicts": counts, "reverted": reverted}
+            "ratio_runs": ratio_runs, "vs_start_runs": start_runs, "verdicts": counts, "reverted": reverted}
+
+
+def spread(xs: list[float]) -> str:
+    return f" ({min(xs):.3f}-{max(xs):.3f})" if len(xs) > 1 else ""
+
+
+def count_verdicts(decisions: list[dict]) -> dict[str, int]:
+    """Every measured outcome (a forecast's outcome, or an experiment's end), by whether it agrees with the
+    forecast that made it: agrees, disagrees, or none (no verdict: too noisy, or ended early)."""
+    verdicts = [d.get("verdict") for d in decisions if d["phase"] in ("measured", "experiment")]
+    return {"agrees": verdicts.count("agrees"), "disagrees": verdicts.count("disagrees"),
+            "none": sum(v not in ("agrees", "disagrees") for v in verdicts)}
+
+
+def true_profile(p, true: dict):
+    """The card as it is, where its model (p) mis-states it."""
+    from dataclasses import replace
+
+    return replace(p, name=p.name + " (as it is)",
+                   effective_bandwidth_bytes_per_s=p.effective_bandwidth_bytes_per_s * true.get("bandwidth", 1.0),
+                   compute_seconds_per_token=p.compute_seconds_per_token * true.get("compute", 1.0),
+                   kv_cost_factor=tuple(true.get("kv_cost", {}).items()))
 
 
 def sim_condition(c: dict) -> dict:
     p = profile(c["profile"])
     w = dict(SIM, profile=c["profile"])
+    if "true" in c:  # the card runs its true profile; the tuner forecasts with the stated one
+        t = true_profile(p, c["true"])
+        return workload(f"sim {c['profile']}, seed {c['seed']}, mis-stated: {c['what']}",
+                        lambda: SimBackend(t, stated=p), w, c["seed"], "simulated")
     return workload(f"sim {c['profile']}, seed {c['seed']}", lambda: SimBackend(p), w, c["seed"], "simulated")
 
 
@@ -212,7 +279,8 @@ def real_condition(c: dict, build: str) -> dict:
 
 
 def summary(r: dict) -> dict:
-    return {k: r[k] for k in ("name", "source", "ratio", "vs_start", "verdicts", "reverted", "best_mean")} | {
+    keys = ("name", "source", "ratio", "vs_start", "ratio_runs", "vs_start_runs", "verdicts", "reverted", "best_mean")
+    return {k: r[k] for k in keys} | {
         "best": {k: r["best"][k] for k in ("cap", "kv", "residency")}, "tuned_tokens_per_s": r["tuned"]["tokens_per_s"],
         "default_tokens_per_s": r["default"]["tokens_per_s"]}
 
@@ -220,14 +288,16 @@ def summary(r: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("sim", "real"), default=None)
+    ap.add_argument("--no-misstated", action="store_true", help="leave out the mis-stated simulated cards")
     ap.add_argument("--figure", type=Path, default=None, help="write the objective over time as a PNG")
     ap.add_argument("--json", type=Path, default=None, help="write every condition's figures as JSON")
     ap.add_argument("--avx2-python", default=None,
                     help="an environment built by bench/avx2_env.sh: its real-model conditions run there too")
     ap.add_argument("--avx2-real", type=int, default=1,
                     help="how many of the real-model conditions run on the AVX2-only build too (the first)")
-    ap.add_argument("--changing", action="store_true",
-                    help="also the workload whose best setting changes during the run (the default model)")
+    ap.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)  # always run now; kept for old lines
+    ap.add_argument("--no-changing", action="store_true",
+                    help="leave out the workload whose best setting changes during the run (the default model)")
     ap.add_argument("--only-changing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--real", type=int, default=len(REAL_CONDITIONS),
                     help="how many of the real-model conditions to run (all by default)")
@@ -240,13 +310,14 @@ def main() -> None:
         return
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
     results = []
+    a.changing = not a.no_changing and a.only in (None, "real")
     if a.only_changing:
         a.only, a.real, a.changing = "real", 0, True
     if a.only in (None, "sim"):
         # simulated seconds do not depend on the wall clock: the sim conditions share the cores, two at a
         # time, before any real one runs alone
         with multiprocessing.get_context("spawn").Pool(min(2, os.cpu_count() or 1)) as pool:
-            results += pool.map(sim_condition, SIM_CONDITIONS)
+            results += pool.map(sim_condition, SIM_CONDITIONS + ([] if a.no_misstated else MISSTATED))
     if a.only in (None, "real"):
         results += [real_condition(c, "native build") for c in REAL_CONDITIONS[:a.real]]
         if a.avx2_python:
@@ -274,20 +345,24 @@ def main() -> None:
         figure([r for r in results if "tuned" in r][:2] + ([changing] if changing else []), a.figure)
     flat = [summary(r) if "tuned" in r else r for r in results]
     if a.json:
-        a.json.write_text(json.dumps(flat, indent=1), encoding="utf-8")
-    print("\ncondition | tuner / best static | tuner / start | agree / disagree / inconclusive | reverted")
-    for r in flat:
+        a.json.write_text(json.dumps(flat + ([summary(changing)] if changing else []), indent=1), encoding="utf-8")
+    every = flat + ([summary(changing)] if changing is not None else [])
+    print("\ncondition | tuner / best static (per-pass spread) | tuner / start (spread) | agree | disagree | "
+          "no verdict | reverted")
+    for r in every:
         v = r["verdicts"]
-        print(f"{r['name']} ({r['source']}) | {r['ratio']:.3f} | {r['vs_start']:.3f} | {v['agrees']} / "
-              f"{v['disagrees']} / {v['inconclusive']} | {r['reverted']}")
-    totals = {k: sum(r["verdicts"][k] for r in flat) for k in ("agrees", "disagrees", "inconclusive")}
-    print(f"outcomes: {totals['agrees']} agree, {totals['disagrees']} disagree, {totals['inconclusive']} inconclusive")
+        print(f"{r['name']} ({r['source']}) | {r['ratio']:.3f}{spread(r['ratio_runs'])} | {r['vs_start']:.3f}"
+              f"{spread(r['vs_start_runs'])} | {v['agrees']} | {v['disagrees']} | {v['none']} | {r['reverted']}")
+    totals = {k: sum(r["verdicts"][k] for r in every) for k in ("agrees", "disagrees", "none")}
+    print(f"outcomes: {totals['agrees']} agree, {totals['disagrees']} disagree, {totals['none']} without a verdict")
     if changing is not None:
-        print(f"changing workload: tuner / best static {changing['ratio']:.3f}, tuner / start "
-              f"{changing['vs_start']:.3f}")
-    if flat:
-        print(f"worst vs start: {min(r['vs_start'] for r in flat):.3f}")
-        print(f"ratio: {min(r['ratio'] for r in flat):.3f}")
+        print(f"changing workload: tuner / best static {changing['ratio']:.3f}{spread(changing['ratio_runs'])}, "
+              f"tuner / start {changing['vs_start']:.3f}{spread(changing['vs_start_runs'])}")
+    if every:
+        worst_start = min(every, key=lambda r: r["vs_start"])
+        worst = min(every, key=lambda r: r["ratio"])
+        print(f"worst vs start: {worst_start['vs_start']:.3f}{spread(worst_start['vs_start_runs'])}")
+        print(f"ratio: {worst['ratio']:.3f}{spread(worst['ratio_runs'])}")
 
 
 if __name__ == "__main__":
