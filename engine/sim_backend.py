@@ -45,6 +45,17 @@ def sim_facts(p: Profile) -> ModelFacts:
 
 
 @dataclass(frozen=True)
+class StepScale:
+    """One KV type's step times as measured against a model: decode steps and prefill chunks times these
+    factors, or, where `attention` is set, only what a decode step reads of the cache (what grows with the
+    contexts) times it: a KV type differs from another in how it reads its cells, not in the weights."""
+
+    decode: float = 1.0
+    prefill: float = 1.0
+    attention: float | None = None
+
+
+@dataclass(frozen=True)
 class _SavedSeq:
     tokens: int
     nbytes: int
@@ -69,6 +80,9 @@ class SimBackend:
         # the card as its model states it: what a tuner forecasts with. The same by default; the bench's
         # mis-stated cards run on one profile and are described by another
         self.stated = stated or p
+        # per KV type, step-time factors: a forecast's model of one type corrected by what the swarm measured
+        # of it (engine/tune/); none by default
+        self.scale: dict[str, StepScale] = {}
         self.facts = sim_facts(p)
         self.info = BackendInfo(name="sim", device=p.description, versions={},
                                 settings={"profile": p.name, "chat_template": "ChatML (simulated tokenizer)"})
@@ -174,7 +188,8 @@ class SimBackend:
 
     def prefill_seconds(self, tokens: int, pos0: int, kv: str | None = None) -> float:
         """What prefilling `tokens` at pos0.. costs, without touching a cache."""
-        return tokens / self.profile.prefill_tokens_per_s
+        sc = self.scale.get(kv or self.kv)
+        return tokens / self.profile.prefill_tokens_per_s * (sc.prefill if sc else 1.0)
 
     def first_token_after_prefill(self, seq: int) -> int:
         return self._sample(seq)
@@ -194,7 +209,15 @@ class SimBackend:
         if factor != 1.0:  # the KV read alone costs more (or less) than its bytes
             weights = p.bytes_model.step_bytes(kv, [0.0] * len(ctx))
             step_bytes = weights + factor * (step_bytes - weights)
-        return step_bytes / p.effective_bandwidth_bytes_per_s + batch * p.compute_seconds_per_token
+        seconds = step_bytes / p.effective_bandwidth_bytes_per_s + batch * p.compute_seconds_per_token
+        sc = self.scale.get(kv)
+        if sc is None:
+            return seconds
+        if sc.attention is None:
+            return seconds * sc.decode
+        weights_s = p.bytes_model.step_bytes(kv, [0.0] * len(ctx)) / p.effective_bandwidth_bytes_per_s \
+            + batch * p.compute_seconds_per_token
+        return weights_s + sc.attention * (seconds - weights_s)
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         total = sum(positions) + len(seqs)  # each sequence's attention reads its cache, this token included

@@ -172,8 +172,88 @@ class Probed(TuneEvent):
         return {"phase": self.phase, "kv": self.kv, "base_kv": self.base_kv, **self.figures, "why": self.why}
 
 
+@dataclass
+class Trial(TuneEvent):
+    """An experiment begun: the candidate and the incumbent take turns on the swarm (engine/tune/experiment.py);
+    why it was proposed (a forecast, modeled), and what it must clear to be kept."""
+
+    phase: ClassVar[str] = "trial"
+    from_: Setting
+    to: Setting
+    objective: str
+    forecast_gain: float | None
+    forecast_gain_source: str
+    forecast_error: float
+    forecast_error_source: str
+    exploratory: bool  # proposed within the forecast's error: spent from the exploration budget
+    block_s: float
+    max_pairs: int
+    bar: float  # the measured gain it must clear to be kept (what going over costs over what is left)
+    mean_context: float
+    why: str
+
+
+@dataclass
+class Experimented(TuneEvent):
+    """An experiment's end (engine/tune/experiment.py). Measured on the swarm, in interleaved pairs of blocks,
+    each with its one-sided 95% bounds from the pairs' own spread: the objective's gain of the candidate
+    over the incumbent (`objective_*`), and its decode and prefill step times against the model relative
+    to the incumbent's (`decode_factor*`, `prefill_factor`). Modeled on those step times: the gain over
+    the rest of the horizon (`corrected_*`). What it did (kept, rejected, gave up at its budget, ended
+    with the run, abandoned when the setting was moved under it); whether the forecast that proposed it
+    agrees (its step times within the measured bounds, or its gain within the objective's); its cost."""
+
+    phase: ClassVar[str] = "experiment"
+    from_: Setting
+    to: Setting
+    objective: str
+    result: str  # kept | rejected | gave up | ended | abandoned
+    pairs: int
+    objective_gain: float | None
+    objective_low: float | None
+    objective_high: float | None
+    decode_factor: float | None
+    decode_factor_low: float | None
+    decode_factor_high: float | None
+    prefill_factor: float | None
+    corrected_gain: float | None
+    corrected_low: float | None
+    corrected_high: float | None
+    confidence: float
+    forecast_gain: float | None
+    verdict: str | None  # agrees | disagrees | None (fewer pairs than a verdict needs)
+    seconds_incumbent: float
+    seconds_candidate: float
+    switches: int
+    switch_s: float
+    switch_cells: int
+    tokens_lost: float
+    source: str
+    why: str
+
+
+@dataclass
+class Spent(TuneEvent):
+    """What the tuner has spent so far this run (engine/tune/cost.py)."""
+
+    phase: ClassVar[str] = "cost"
+    think_s: float
+    think_cpu_s: float
+    forecasts: int
+    looks: int
+    looks_skipped: int
+    probe_s: float
+    switches: int
+    switch_s: float
+    switch_cells: int
+    experiments: int
+    experiment_s: float
+    tokens_lost: float
+    why: str
+
+
 EVENTS: dict[str, type[TuneEvent]] = {c.phase: c for c in (Decision, Outcome, Held, Confirmed, Reverted,
-                                                            RevertRefused, Probed)}
+                                                            RevertRefused, Probed, Trial, Experimented, Spent)}
 
 
 def event_from_json(d: dict[str, Any]) -> TuneEvent:

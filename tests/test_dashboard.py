@@ -150,7 +150,7 @@ async def test_tuner_and_residency_controls_and_its_decisions_on_screen():
     p = profile(SIM)
     s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes, seed=1,
                        gen_tokens=256, tool_tokens=1024, tool_latency_s=5.0)
-    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1, confirm_seeds=1)),
+    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1)),
                autotune=True)
     app = SwarmApp(LiveSource(e))
     async with app.run_test(size=(160, 50)) as pilot:

@@ -25,19 +25,22 @@ class Goal:
     # A run of known length (run_s: --duration, the bench) plans only for what is left of it.
     horizon_s: float = 240.0
     run_s: float | None = None  # the run's length on the engine's clock, where known
-    dwell_s: float = 30.0  # the least time between two changes
-    margin: float = 0.05  # a change must be forecast to gain at least this much (hysteresis)
-    revisit_context_change: float = 0.25  # a setting left before returns only once contexts moved this much
+    dwell_s: float = 30.0  # how long a held setting's tail is read by `swarmtune tune`'s final print
+    margin: float = 0.05  # a forecast gain past this and its error proposes an experiment (not an exploration)
     forecast_seeds: int = 2  # tool-latency draws per forecast, the same for every candidate (averaged)
-    # the best of several noisy forecasts is the luckiest as often as the best (the winner's curse): the
-    # gain it acts on, and states, comes from this many fresh draws of it and of staying
-    confirm_seeds: int = 4
-    # on a real backend the forecasts run on the engine's own cores: at most this share of the wall clock (the
-    # first look, planned with the probe before the swarm's first step, aside)
+    # its thinking runs on the engine's thread: at most this share of the run's clock (engine/tune/cost.py)
     think_share: float = 0.03
-    # the rms forecast error assumed before three forecasts of staying were checked on this run: a move needs
-    # its gain past the margin plus this (or the measured one, once there is one); a wrong move is then
-    # caught by the closed loop within a few dozen steps (engine/tune/watch.py)
+    # the sim's clock does not wait for a forecast: what one is charged there (modeled; 0, unless a test
+    # makes thinking dear to see the tuner do less of it)
+    sim_think_s: float = 0.0
+    # experiments (engine/tune/experiment.py): a block's least length on the engine's clock (longer where a
+    # switch costs more), the most pairs before it gives up, and the share of the run experiments the
+    # forecast cannot back (within its error) may take
+    block_s: float = 2.5
+    max_pairs: int = 8
+    explore_share: float = 0.1
+    # the rms forecast error assumed before three forecasts of staying were checked on this run: a forecast
+    # gain past the margin plus this (or the measured one, once there is one) proposes an experiment
     prior_error: float = 0.05
 
 

@@ -1,29 +1,27 @@
 """The auto-tuner: holds a running swarm at its best setting (batch cap, KV type, residency) as it moves.
 
-At the end of each epoch it forecasts the next `horizon_s` seconds from the swarm's present state (every
-agent's context, state and tool wait) under the current setting and under its neighbours, by running the
-workload forward in a simulator: the sim profile itself on the sim backend, or, on a real one, a
-simulator calibrated on this run (per KV type a step-time fit and a prefill-time fit; the measured swap
-bandwidth). On a real backend every allowed KV type is timed in a side cache before it is forecast
-(engine/kv_probe.py), and the first look comes before the swarm's first step, when a KV switch is free.
-It switches only when the forecast gain beats a margin, no sooner than `dwell_s` after its last change,
-and back to a setting it left only once the contexts have moved (hysteresis); a KV switch pays its
-re-prefill inside the forecast. Each decision is a `tune` record; a second one, once the horizon
-has passed (or at the next decision, if sooner), says what was measured against what was forecast for
-that same stretch.
+A forecast proposes; the swarm decides. At the end of each epoch the tuner forecasts the next
+`horizon_s` seconds from the swarm's present state under the current setting and each neighbour, by
+running the workload forward in a simulator (the sim profile as stated on the sim backend; on a real one
+a simulator calibrated on this run's own steps, engine/tune/simulator.py). The best neighbour, where its
+forecast gain clears the margin and the forecast's error, or lies within that error while the exploration
+budget lasts, is then tried on the live swarm against the setting it would replace: the two take turns
+in short interleaved blocks, and it is kept only where the measured pairs say, at one-sided 95%, that it
+gains more than going over costs; shown not to, or still undecided when its budget of pairs is spent, the
+swarm stays where it was (engine/tune/experiment.py). So a model that is wrong on this machine (a KV
+type's cost, a card's bandwidth) can waste an experiment, never hold the swarm at a worse setting.
 
-Its stated error is measured too: every epoch it forecasts staying put and, as the stretch unfolds,
-checks that forecast against what came, for each span (one epoch, two, ... up to the horizon). An
-outcome over a span is judged against twice the rms error of those checks over the same span: over
-30 s a swarm with tool waits is mostly luck, over 120 s much less.
+Forecasts of staying are checked against what came, span by span: their rms error is the error a
+proposal is judged against. Everything the tuner spends is counted (engine/tune/cost.py): its thinking,
+which runs on the engine's own thread and is held to `think_share` of the run, its probes, its switches'
+seconds and cells, and the tokens its experiments cost.
 
 Forecasts draw tool latencies from their own stream: the tuner does not know the future.
 """
 
 import math
-import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from swarmtune.engine.backend import NoKVSlot
 from swarmtune.engine.control import Control
@@ -32,52 +30,41 @@ from swarmtune.engine.errors import Stalled, UserError
 from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
-from swarmtune.engine.prefill_model import PrefillCalibration, PrefillFit
+from swarmtune.engine.prefill_model import PrefillCalibration
 from swarmtune.engine.profiles import Profile
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, min_context
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.step_model import Fit
+from swarmtune.engine.sim_backend import SimBackend, StepScale
+from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.simulator import CalibratedSim, SimStepCost
 from swarmtune.engine.tune.tally import SpanTally, Tally
-from swarmtune.engine.tune.watch import MIN_STEPS, TOLERANCE, Watch, verdict
-from swarmtune.engine.tune_events import (
-    Confirmed,
-    Decision,
-    Held,
-    Outcome,
-    Probed,
-    Reverted,
-    RevertRefused,
-    TuneEvent,
-)
+from swarmtune.engine.tune_events import Decision, Experimented, Probed, Spent, Trial, TuneEvent
 
 FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
 # a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
 # does: a fit of a few steps at one batch size says little about the others
 MIN_OWN_FIT_SAMPLES = 32
-# contexts "moved 25%" from a setting left with (nearly) empty caches means moved 25% of this many tokens
+# contexts "moved 50%" from a setting tried with (nearly) empty caches means moved 50% of this many tokens
 REVISIT_MIN_CONTEXT = 256.0
-# a setting reverted as measurably worse is tried again only once the contexts moved this much (or the budget)
-PENALTY_CONTEXT_CHANGE = 0.5
-# a trial (a KV type tried on the swarm because its model could not judge it) is re-forecast this many times,
-# each on twice the decode steps of the last, before it holds (its central gain at least zero) for the forecasts
-TRIAL_CHECKS = 2
-MAX_CHECKS = 3  # a change neither measurably better nor worse after this many is left to the forecasts
+# a candidate an experiment did not keep (or a setting an experiment replaced) is proposed again only once
+# the mean context moved this much since, or the budget or the turns' shape changed
+RETRY_CONTEXT_CHANGE = 0.5
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
-# a change needs this many epochs of a run of known length left: one to be checked by the closed loop and
-# one to pay for itself. Over a last epoch or so the forecasts are of a few discrete events (a prefill, a
-# preemption) and swung by them: here +71% forecast at 14 s before the end, -27% measured
-LAST_CHANGE_EPOCHS = 2
-OUTCOME_MIN_SPANS = 2  # the objective is compared with the forecast of staying from this many epochs on
-# a trial is made only where what it may cost (two conversions and its steps at half speed) is at most this
-# share of what is left of the horizon
-TRIAL_SHARE = 0.02
-# a type never timed on this machine (no probe, no trial: a short run) is worth more to try: its model is
-# another type's, unscaled, and on these CPUs that is wrong by 0.7-2x either way
-TRIAL_SHARE_UNTIMED = 0.05
-TRIAL_LOSS = 0.5
+# a switch's seconds, before one was measured: cached bytes over this rate, twice (save and convert, restore).
+# Measured on a 2-core Xeon: 8 x 1,050 tokens of the default model (0.19 GB at f16) switched in 0.61 s
+CONVERT_BYTES_PER_S = 0.6e9
+# a block lasts at least this many times what the switch into it is expected to cost: the switches' share of
+# an experiment stays near an eighth (they fall on both sides alike, and are counted as the tuner's cost)
+BLOCK_PER_SWITCH = 4.0
+MAX_BLOCK_EPOCHS = 2.0
+# a gain kept must clear what going over costs (one switch) over what is left of the run, plus this
+TOLERANCE = 0.01
+# a forecast agrees with an experiment where the candidate's step times, relative to the incumbent's, are
+# within this of what its model said (beyond the measured bounds): a 5% step-time error moves a forecast
+# gain by about as much
+AGREE_STEP = 0.05
 
 
 class Tuner:
@@ -87,31 +74,24 @@ class Tuner:
         self._prefill: dict[str, PrefillCalibration] = {}  # per KV type: measured prefill chunks
         self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
         self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
-        self._thought_s = 0.0  # wall seconds spent forecasting
         self._probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
-        # settings reverted as measurably worse: the mean context and KV budget then, and their q (measured
-        # over forecast step times); not tried again until those conditions move
-        self._penalties: dict[Setting, tuple[float, float | None, float, tuple[int, int]]] = {}
-        # KV types tried on the swarm: their step-time and prefill models as corrected by what they measured
-        self._kv_correction: dict[str, tuple[Fit, PrefillFit | None]] = {}
-        # KV type -> the mean context its last trial began at, and the turns' shape then
-        self._tried: dict[str, tuple[float, tuple[int, int]]] = {}
         self._convert: list[tuple[int, float]] = []  # (bytes, seconds) of measured KV conversions
+        self._switches: list[tuple[float, float]] = []  # (cached tokens, seconds) of the tuner's KV switches
+        # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
+        self._tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
+        self.cost = Spending()
         self.restart()
 
     def restart(self) -> None:
         """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
         self._epoch_start_s: float | None = None
-        self._last_change_s = -math.inf
-        self._pending: Pending | None = None  # a decision whose outcome is being measured
-        self._pending_tally: SpanTally | None = None
         self._looked = False
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
-        self._left_at_context: dict[Setting, float] = {}  # a setting left -> the mean context then
         # forecasts of staying being checked: (what each span was forecast to hold, what came, at which setting)
         self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
-        # the last change (from, to), checked step by step against its forecast's model
-        self._watch: tuple[Watch, Setting, Setting] | None = None
+        self._exp: Experiment | None = None
+        self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
+        self._explored_s = 0.0  # engine seconds of exploratory experiments
 
     # what the engine calls after every record
     def observe(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
@@ -120,35 +100,45 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self._learn(rec)
+        self._account(rec)
         if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
-            # before the first look, whose forecasts need every allowed type's step time; measuring, not
-            # forecasting, so outside the thinking budget, and once per type and run
+            # before the first look, whose forecasts need every allowed type's step time: measuring, not
+            # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
         self._drop_moved_checks(engine)
         for _, came, _ in self._checks:
             came.add(rec)
         self._close_checks()
-        if self._pending is not None and self._pending_tally is not None:
-            before = len(self._pending_tally.closed)
-            self._pending_tally.add(rec)
-            if len(self._pending_tally.closed) == len(self._pending_tally.spans):
-                out.append(self._measured(engine))
-            elif len(self._pending_tally.closed) > before >= OUTCOME_MIN_SPANS - 1:
-                out += self._check_outcome(engine)
-        out += self._check_watch(engine, rec)
-        # the first look comes as soon as there is something to forecast with: a switch is cheapest early,
-        # while the caches it re-prefills are short
+        if self._exp is not None:
+            return out + self._experiment_step(engine, rec)
         first_look = not self._looked and self._simulator(engine) is not None
         if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look
                                      and not self._fit_matured(engine)):
             return out
         return out + self._look(engine, now)
 
+    def _account(self, rec: StepRecord) -> None:
+        """A rebuild the tuner asked for is its cost: its seconds and the cells it converted or prefilled."""
+        if rec.kind != "rebuild" or not self._switching:
+            return
+        self._switching = False
+        seconds = rec.seconds + rec.residency_seconds
+        cells = rec.converted_tokens + rec.tokens
+        self.cost.switch_s += seconds
+        self.cost.switch_cells += cells
+        if self._exp is not None:
+            self._exp.switch_s += seconds
+            self._exp.switch_cells += cells
+            # the blocks grow with what a switch measured: its share of the experiment stays small (up to
+            # MAX_BLOCK_EPOCHS epochs: a switch dearer than that makes the experiment give up, below)
+            self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
+        if cells:
+            self._switches = (self._switches + [(float(cells), seconds)])[-16:]
+
     def _fit_matured(self, engine: Engine) -> bool:
         """A first look that changed nothing was made on a fit of a few steps (a real backend's model of this
         machine is its own steps): once that fit has MIN_OWN_FIT_SAMPLES, it looks again rather than an epoch
-        later. An epoch is a sixth of a 64 s run, a KV switch is cheapest while the caches are short, and a
-        trial needs that fit to be judged against."""
+        later."""
         if not self._young_look:
             return False
         fit = engine.analysis.fit(engine.s.kv)
@@ -157,67 +147,69 @@ class Tuner:
     def probes_pay(self) -> bool:
         """A side-cache probe costs 3-8 s of the swarm's time on these 2-core CPUs (two prefilled histories
         per type): worth it in a run of unknown length (the dashboard, serve) or a long one, not in a short
-        one, where a trial on the swarm itself (two conversions of well under a second) costs less."""
+        one, where an experiment on the swarm itself measures the type where it matters."""
         return self.goal.run_s is None or self.goal.run_s >= PROBE_MIN_RUN_S
 
     def prepare(self, engine: Engine) -> list[TuneEvent]:
         """At the run's start, before its first step (a real backend): time the allowed KV types in a side
-        cache, then take the first look at once: a KV switch costs nothing while the caches are empty."""
+        cache, then take the first look at once (an experiment's first block begins with the first step)."""
         if engine.backend.source == "simulated" or self._looked:
             return []
         if self._epoch_start_s is None:
             self._epoch_start_s = engine.now_s()
         if not self.probes_pay():
-            return []  # a short run: the other KV types are tried on the swarm instead (a trial, converted)
+            return []
         out = self._probe_missing(engine, self.setting(engine))
         if self._simulator(engine) is not None:
-            # planning before the swarm starts, as the probe is: on the run's clock, but not counted against
-            # the share of it the tuner may think while the swarm runs
-            thought = self._thought_s
             out += self._look(engine, engine.now_s(), kv_only=True)
-            self._thought_s = thought
         return out
 
+    # thinking
+    def _thinking_spent(self, now: float) -> bool:
+        """It has thought enough for now: the engine's thread is the swarm's. An average over the run with an
+        epoch's credit (one look early in a run would otherwise skip the next three)."""
+        return self.cost.think_s > self.goal.think_share * (max(now, 1.0) + self.goal.epoch_s)
+
     def _look(self, engine: Engine, now: float, kv_only: bool = False) -> list[TuneEvent]:
-        """Forecast staying (checked later against what comes) and, past the dwell, decide. kv_only: weigh
-        only the KV types (a look before the first step: the one lever whose switch then costs nothing and
-        later a re-prefill; a cap or residency is as cheap to change at the next look)."""
-        out: list[TuneEvent] = []
+        """Forecast staying (checked later against what comes) and propose: an experiment, or nothing.
+        kv_only: weigh only the KV types (a look before the first step)."""
         self._looked = True
         self._epoch_start_s = now
         self._young_look = False
-        # it has thought enough for now: the engine's cores are for decoding. An average over the run with an
-        # epoch's credit: without it, one look early in a run (0.45 s at 10 s on one thread) skipped the next
-        # three, and a short run went by on one look
-        if engine.backend.source != "simulated" and (
-                self._thought_s > self.goal.think_share * (max(now, 1.0) + self.goal.epoch_s)):
-            return out
+        if self._thinking_spent(now):
+            self.cost.looks_skipped += 1
+            return []
         if self.goal.run_s is not None and self.goal.run_s - now < self.goal.epoch_s:
-            return out  # less than an epoch left: no change could pay for itself, nor a forecast be checked
+            return []  # less than an epoch left: nothing could be measured, nor a forecast be checked
+        self.cost.looks += 1
         cur = self.setting(engine)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        forecasts_before = self.cost.forecasts
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
+        out: list[TuneEvent] = []
         if base is not None and all(run[-1].seconds > 0 for run in base):
             self._checks.append((self._objectives(base), SpanTally(now, self.spans_for(self.horizon_at(now))), cur))
-        left_s = math.inf if self.goal.run_s is None else self.goal.run_s - now
-        if now - self._last_change_s >= self.goal.dwell_s and base is not None and left_s >= LAST_CHANGE_EPOCHS * \
-                self.goal.epoch_s:
-            pending = (self._pending, self._pending_tally)
-            decision = self._decide(engine, cur, base, kv_only)
-            if decision is not None:
-                self._drop_moved_checks(engine)
-                if pending[0] is not None:  # the last decision's outcome: over the spans that passed before this one
-                    out.append(self._measured(engine, *pending))
-                out.append(decision)
+            trial = self._propose(engine, cur, base, kv_only)
+            if trial is not None:
+                out.append(trial)
+        self._think(engine, t0, c0, self.cost.forecasts - forecasts_before)
         if not out and engine.backend.source != "simulated":
             fit = engine.analysis.fit(cur.kv)
             self._young_look = fit is None or fit.samples < MIN_OWN_FIT_SAMPLES
-        self._thought_s += time.perf_counter() - t0
         return out
 
+    def _think(self, engine: Engine, t0: float, c0: float, forecasts: int) -> None:
+        """What a look's forecasts held the swarm up: wall seconds on a real backend (measured); on the sim,
+        whose clock does not wait for them, Goal.sim_think_s per forecast (modeled)."""
+        self.cost.think_cpu_s += time.thread_time() - c0
+        if engine.backend.source == "simulated":
+            self.cost.think_s += self.goal.sim_think_s * forecasts
+        else:
+            self.cost.think_s += time.perf_counter() - t0
+
     def _drop_moved_checks(self, engine: Engine) -> None:
-        """A forecast of staying says nothing of what came after the setting moved (a decision, or a person):
-        its spans not yet closed are dropped, not compared."""
+        """A forecast of staying says nothing of what came after the setting moved (an experiment, or a
+        person): its spans not yet closed are dropped, not compared."""
         now_setting = self.setting(engine)
         self._checks = [c for c in self._checks if c[2] == now_setting]
 
@@ -282,161 +274,6 @@ class Tuner:
             return "prior: fewer than 3 forecasts of staying checked yet (Goal.prior_error)"
         return "rms error of this run's checked forecasts of staying (measured)"
 
-    def _check_watch(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
-        """The closed loop: each step of the last change against what its forecast's model said it costs;
-        a change measurably worse than staying is reverted, and remembered for these conditions."""
-        if self._watch is None or rec.kind == "tune":
-            return []
-        w, back, to = self._watch
-        cur = self.setting(engine)
-        if cur != to:
-            self._watch = None  # a person (or a refused build) moved the setting: nothing left to check
-            return []
-        if rec.kv_type != w.kv:
-            return []  # a step from before the switch took effect
-        w.add(rec)
-        if not w.ready:
-            return []
-        if to.kv != back.kv and w.model.calibrated:
-            # a KV type's model is corrected by what its decode and prefill steps measured, and the rest of
-            # the run forecast again both ways: its budget and preemptions are the forecast's to count
-            if w.decode_steps < MIN_STEPS * 2 ** w.checks:  # each re-forecast on twice the steps of the last
-                return []
-            gain = self._corrected_gain(engine, w, to, back)
-            w.checks += 1
-            if gain is None:
-                return []
-            # once a switch is made, staying costs nothing and going back costs a conversion: the margin was
-            # the bar for making it; what keeps it is a corrected forecast no worse than going back
-            if gain[2] >= 0.0:
-                return self._confirm(engine, w, back, to, gain)
-            if gain[1] < -TOLERANCE or (w.trial and gain[0] < 0.0):
-                return self._revert(engine, w, back, to, gain)
-            if w.checks >= (TRIAL_CHECKS if w.trial else MAX_CHECKS):
-                # neither way past its noise: it holds, and the forecasts take it from here
-                self._watch = None
-                return [Held(to=to, q=_round(w.q), measured_gain=round(gain[0], 4),
-                             why=f"tune check: {to.label()} holds, neither measurably better nor worse: "
-                                 f"{w.describe(gain)}")]
-            return []
-        if w.confirmed():
-            return self._confirm(engine, w, back, to, w.realised_gain())
-        if w.worse():
-            return self._revert(engine, w, back, to, w.realised_gain())
-        return []
-
-    def _corrected_gain(self, engine: Engine, w: Watch, to: Setting,
-                        back: Setting) -> tuple[float, float, float] | None:
-        """(gain, favourable end, unfavourable end) of staying at `to` over going back, forecast over what is
-        left of the horizon with `to`'s KV model scaled by what its steps measured."""
-        t0 = time.perf_counter()
-        (qd, qd_fav, qd_unf), (qp, qp_fav, qp_unf) = w.decode.bounds(), w.prefill.bounds()
-        seeds = range(self.goal.forecast_seeds)
-        n = len(engine.agents)
-        stay = self.forecast(engine, back, seeds)
-        out = []
-        for dec, pre in ((qd, qp), (qd_fav, qp_fav), (qd_unf, qp_unf)):
-            runs = self.forecast(engine, to, seeds, correct={to.kv: w.correction(to.kv, dec, pre)})
-            if runs is None or stay is None:
-                return None
-            score_new = sum(r[-1].score(self.goal, n) for r in runs) / len(runs)
-            score_old = sum(r[-1].score(self.goal, n) for r in stay) / len(stay)
-            g = _gain(score_new, score_old)
-            if g is None:
-                return None
-            out.append(g)
-        self._thought_s += time.perf_counter() - t0
-        return out[0], out[1], out[2]
-
-    def _confirm(self, engine: Engine, w: Watch, back: Setting, to: Setting, gain) -> list[TuneEvent]:
-        self._watch = None
-        if to.kv != back.kv and w.model.calibrated:
-            # its model, corrected by what it measured, stands until its own fit does
-            self._kv_correction[to.kv] = w.correction(to.kv)
-        return [Confirmed(to=to, q=_round(w.q), trial=w.trial,
-                          measured_gain=None if gain is None else round(gain[0], 4),
-                          why=f"tune check: {to.label()} holds: {w.describe(gain)}")]
-
-    def _check_outcome(self, engine: Engine) -> list[TuneEvent]:
-        """The closed loop on the objective itself: what the change measured so far (past OUTCOME_MIN_SPANS
-        epochs) against the forecast of staying over the same span. Measurably below it, past the error
-        stated for that span, it goes back: a forecast can be wrong in more than its step times (how the
-        budget fills, what a preemption costs). Not once the turns changed shape: that forecast was of
-        another swarm."""
-        p, came = self._pending, self._pending_tally
-        if p is None or came is None or self.setting(engine) != p.to:
-            return []
-        if turn_shape(engine) != p.shape:
-            # the swarm's turns changed shape since: its forecast of staying was of other turns, and what
-            # the objective did since is theirs as much as the setting's (a workload that went from reading
-            # to writing measured -72% "against staying" here). The step-time check still judges it.
-            return []
-        o = self._measured(engine, p, came)
-        gain, stated = o.measured_gain, o.stated_error
-        if gain is None or stated is None or gain + stated >= -TOLERANCE:
-            return []
-        self._pending, self._pending_tally = None, None
-        back, cur = p.from_, p.to
-        gone = self._go_back(engine, back, cur)
-        if isinstance(gone, RevertRefused):
-            return [o, gone]
-        return [o, Reverted(from_=cur, to=back, measured_gain=gain, mean_context=round(gone, 1), stated_error=stated,
-                            source=f"{engine.backend.source} objective against the forecast of staying",
-                            why=f"tune check: {cur.label()} is measurably worse than staying: {gain:+.1%} over "
-                                f"{o.span_s:.0f} s against the forecast of staying (error ±{stated:.0%}, measured); "
-                                f"back to {back.label()}, not tried again until the contexts or the budget move")]
-
-    def _go_back(self, engine: Engine, back: Setting, cur: Setting, q: float = 1.0) -> float | RevertRefused:
-        """Back to the setting a change left, remembered as worse under these conditions: the mean context
-        it left at, or why the swarm refused."""
-        ctx = [a.context for a in engine.agents]
-        mean_ctx = mean_context(ctx)
-        self._watch = None
-        try:
-            engine.request(Control(batch_cap=back.batch_cap if back.batch_cap != cur.batch_cap else None,
-                           kv=back.kv if back.kv != cur.kv else None,
-                           residency=back.residency if back.residency != cur.residency else None))
-        except UserError as e:  # the swarm changed under it: nothing to go back to
-            return RevertRefused(to=back, why=f"tune check: {e}")
-        self._penalties[cur] = (mean_ctx, engine.s.kv_budget_bytes, q, turn_shape(engine))
-        self._last_change_s = engine.now_s()
-        self._left_at_context[cur] = mean_ctx
-        self._drop_moved_checks(engine)
-        return mean_ctx
-
-    def _revert(self, engine: Engine, w: Watch, back: Setting, cur: Setting, gain) -> list[TuneEvent]:
-        # the outcome so far, over the spans that passed (none yet: nothing to say, and it is dropped)
-        mine = self._pending is not None and self._pending.to == cur
-        closed = self._pending_tally is not None and bool(self._pending_tally.closed)
-        out = [self._measured(engine)] if mine and closed else []
-        if mine and not closed:
-            self._pending, self._pending_tally = None, None
-        gone = self._go_back(engine, back, cur, w.q or 1.0)
-        if isinstance(gone, RevertRefused):
-            return [*out, gone]
-        mean_ctx = gone
-        if cur.kv != back.kv and w.model.calibrated:
-            self._kv_correction[cur.kv] = w.correction(cur.kv)
-        worse = gain is None or gain[1] < -TOLERANCE
-        what = "measurably worse than staying" if worse else "a trial measured below going back"
-        return [*out, Reverted(from_=cur, to=back, q=_round(w.q), q_stderr=_round(w.q_stderr),
-                               decode_steps=w.decode_steps, trial=w.trial,
-                               measured_gain=None if gain is None else round(gain[0], 4),
-                               mean_context=round(mean_ctx, 1),
-                               source=f"{engine.backend.source} steps against the forecast's step-time model",
-                               why=f"tune check: {cur.label()} is {what}: {w.describe(gain)}; back to "
-                                   f"{back.label()}, not tried again until the contexts or the budget move")]
-
-    def _penalised(self, engine: Engine, s: Setting, mean_ctx: float) -> bool:
-        """A setting reverted as worse, under conditions that have not moved since: the contexts, the budget
-        and the shape of the turns (what a turn generates and what its tool result adds)."""
-        p = self._penalties.get(s)
-        if p is None:
-            return False
-        ctx, budget, _, shape = p
-        moved = abs(mean_ctx - ctx) >= PENALTY_CONTEXT_CHANGE * max(ctx, REVISIT_MIN_CONTEXT)
-        return not moved and budget == engine.s.kv_budget_bytes and shape == turn_shape(engine)
-
     @staticmethod
     def setting(engine: Engine) -> Setting:
         st = engine.state()
@@ -467,7 +304,11 @@ class Tuner:
                 continue
             long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
             try:
-                p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
+                t0 = time.perf_counter()
+                try:
+                    p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
+                finally:
+                    self.cost.probe_s += time.perf_counter() - t0
             except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
                 self._probes[k] = None
                 if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
@@ -520,26 +361,28 @@ class Tuner:
         out = [c for c in out if c.kv not in engine.refused_kv]
         ctx = [a.context for a in engine.agents]
         mean_ctx = mean_context(ctx)
-        out = [c for c in out if not self._penalised(engine, c, mean_ctx)]
+        out = [c for c in out if not self._retry_blocked(engine, c, mean_ctx)]
         if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
             out = [c for c in out if engine.budget_tokens(c.kv) >= min_context(engine.s)]
         return out
 
     def forecast(self, engine: Engine, setting: Setting, seeds: range | None = None,
-                 correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None) -> list[list[Tally]] | None:
+                 scale: dict[str, StepScale] | None = None) -> list[list[Tally]] | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
-        runs = [self._forecast_once(engine, setting, k, correct) for k in (seeds or range(self.goal.forecast_seeds))]
+        runs = [self._forecast_once(engine, setting, k, scale) for k in (seeds or range(self.goal.forecast_seeds))]
+        self.cost.forecasts += len(runs)
         done = [r for r in runs if r is not None]
         return None if len(done) < len(runs) else done
 
     def _forecast_once(self, engine: Engine, setting: Setting, k: int,
-                       correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None) -> list[Tally] | None:
+                       scale: dict[str, StepScale] | None = None) -> list[Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
         would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
-        sim = self._simulator(engine, correct)
+        sim = self._simulator(engine)
         if sim is None:
             return None
+        sim.scale = dict(scale or {})
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
                     check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
@@ -564,9 +407,8 @@ class Tuner:
             steps += 1
         return tally.finish()
 
-    def _simulator(self, engine: Engine, correct: dict[str, tuple[Fit, PrefillFit | None]] | None = None
-                   ) -> SimBackend | None:
-        """correct: per KV type, the step-time and prefill models to forecast it with instead."""
+    def _simulator(self, engine: Engine) -> SimBackend | None:
+        """The swarm's simulator: the card as stated on the sim, else this run calibrated."""
         b = engine.backend
         if isinstance(b, SimBackend):  # the card as its profile states it (the card itself, unless mis-stated)
             return SimBackend(b.stated)
@@ -579,12 +421,6 @@ class Tuner:
             young = kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES
             if p is not None and young and p.base_kv in own:
                 fits[kv] = p.scale(own[p.base_kv])
-        # a type tried on the swarm: its model corrected by what its steps measured, until its own fit stands
-        for kv, (fit, pre) in {**self._kv_correction, **(correct or {})}.items():
-            if kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES or kv in (correct or {}):
-                fits[kv] = fit
-                if pre is not None:
-                    prefills[kv] = pre
         now_prefill = prefills.get(engine.s.kv) or next(iter(prefills.values()))
         swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
         f = engine.facts
@@ -604,12 +440,13 @@ class Tuner:
             return ModeledMeter(m.floor_watts, m.per_agent_watts)
         return NoMeter("forecast: no power model")
 
-    def _decide(self, engine: Engine, cur: Setting, base: list[list[Tally]], kv_only: bool = False) -> Decision | None:
+    # proposing an experiment
+    def _propose(self, engine: Engine, cur: Setting, base: list[list[Tally]], kv_only: bool) -> Trial | None:
+        """The neighbour the forecasts rank best, tried on the swarm where its forecast gain clears the margin
+        and the forecast's error, or, within that error, where the exploration budget allows."""
         n = len(engine.agents)
-        if any(run[-1].seconds <= 0 for run in base):
-            return None
-        ctx = [a.context for a in engine.agents]
-        mean_ctx = mean_context(ctx)
+        now = engine.now_s()
+        mean_ctx = mean_context([a.context for a in engine.agents])
         candidates = [c for c in self.candidates(engine, cur) if not kv_only or c.kv != cur.kv]
         forecasts = {c: f for c in candidates if (f := self.forecast(engine, c)) is not None}
         if not forecasts:
@@ -618,217 +455,285 @@ class Tuner:
         def score(runs: list[list[Tally]]) -> float:
             return sum(run[-1].score(self.goal, n) for run in runs) / len(runs)
 
-        best = max(forecasts, key=lambda c: score(forecasts[c]))
         base_score = score(base)
-        gain = _gain(score(forecasts[best]), base_score)
-        # the forecast's own spread: how far apart its seeds put the gain
-        per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n)) for h, b
-                    in zip(forecasts[best], base, strict=True)]
-        spread = _spread(per_seed)
-        # a gain inside the forecast's own spread is luck, not the setting; one inside the model's own error,
-        # measured on this run's forecasts of staying over the same span, is not a gain the model can see
-        horizon = self.horizon_at(engine.now_s())
+        ranked = sorted(((g, c) for c in forecasts if (g := _gain(score(forecasts[c]), base_score)) is not None),
+                        key=lambda x: -x[0])
+        if not ranked:
+            return None
+        gain, best = ranked[0]
+        horizon = self.horizon_at(now)
         error = self.forecast_error(len(self.spans_for(horizon)) - 1)
-        trial = False
-        if gain is None or spread is None or gain < self.goal.margin + max(spread, error):
-            # its model may not judge a KV type it extrapolates: where trying it on the swarm is cheap, try it
-            tried = self._trial(engine, cur, forecasts, base, error, horizon)
-            if tried is None:
-                return None
-            best, trial, gain = tried, True, _gain(score(forecasts[tried]), base_score) or 0.0
-        # hysteresis: back to a setting it left only once the contexts have moved and for twice the margin
-        elif cur is not best and best in self._left_at_context and (
-                gain < 2 * self.goal.margin or not self._may_return(best, mean_ctx)):
+        per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
+                    for h, b in zip(forecasts[best], base, strict=True)]
+        spread = _spread(per_seed) or 0.0
+        exploratory = gain < self.goal.margin + max(spread, error)
+        if exploratory and gain <= -error:
+            return None  # forecast worse past its own error: not worth an experiment
+        block_s = self._block_s(engine, cur, best)
+        if block_s > self._max_block_s(now):
+            return None  # a switch this dear costs more than an experiment could find
+        left_s = math.inf if self.goal.run_s is None else self.goal.run_s - now
+        # what an experiment needs: its least pairs, and as long again to reap what it finds
+        least_s = 2 * MIN_PAIRS * 2 * block_s
+        if left_s < least_s:
             return None
-        # chosen on some draws, judged on others: the gain it states is not the luck that picked it. With one
-        # candidate nothing was picked among several (no winner's curse), and its draws judge it as fresh ones
-        # would: the look before the first step, weighing one other KV type, saves the confirming forecasts
-        fresh = range(self.goal.forecast_seeds, self.goal.forecast_seeds + self.goal.confirm_seeds)
-        if self.goal.confirm_seeds > 0 and len(forecasts) > 1 and not trial:
-            new_runs, stay_runs = self.forecast(engine, best, fresh), self.forecast(engine, cur, fresh)
-            if new_runs is None or stay_runs is None:
+        max_pairs = self.goal.max_pairs if left_s == math.inf else min(
+            self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 2) / (2 * block_s))))
+        if exploratory:
+            # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
+            # the run (of the horizon where the run's length is unknown)
+            whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
+            if self._explored_s + 2 * MIN_PAIRS * 2 * block_s > self.goal.explore_share * whole:
                 return None
-            gain = _gain(score(new_runs), score(stay_runs))
-            need = 2 * self.goal.margin if best in self._left_at_context else self.goal.margin
-            # as on the draws that chose it: a gain inside the draws' own spread is luck, not the setting
-            fresh_spread = _spread([_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
-                                    for h, b in zip(new_runs, stay_runs, strict=True)])
-            if gain is None or fresh_spread is None or gain < need + max(fresh_spread, error):
-                return None
-        else:
-            new_runs, stay_runs = forecasts[best], base
-        try:
-            engine.request(Control(batch_cap=best.batch_cap if best.batch_cap != cur.batch_cap else None,
-                           kv=best.kv if best.kv != cur.kv else None,
-                           residency=best.residency if best.residency != cur.residency else None))
-        except UserError:  # the swarm changed under it (agents removed meanwhile): look again next epoch
-            return None
-        now = engine.now_s()
-        self._last_change_s = now
-        self._left_at_context[cur] = mean_ctx
-        # the outcome is measured over the spans that pass before the horizon (or the next decision), each
-        # against the forecasts of that same span
-        self._pending = Pending(from_=cur, to=best, predicted_gain=gain, spread=spread,
-                                predicted_old=self._objectives(stay_runs), predicted_new=self._objectives(new_runs),
-                                draws=self._draw_spreads(new_runs, stay_runs), shape=turn_shape(engine))
-        self._pending_tally = SpanTally(now, self.spans_for(horizon))
+        remaining = min(left_s, self.goal.horizon_s) - 2 * max_pairs * block_s
+        bar = TOLERANCE + self._switch_s(engine, cur, best) / max(remaining, block_s)
         sim = self._simulator(engine)
-        self._watch = (Watch(best.kv, gain, SimStepCost(sim), trial=trial), cur, best) if sim is not None else None
-        if trial:
-            self._tried[best.kv] = (mean_ctx, turn_shape(engine))
-        what = ", ".join(f"{k} {getattr(cur, k)} -> {getattr(best, k)}" for k in ("batch_cap", "kv", "residency")
-                         if getattr(cur, k) != getattr(best, k))
-        return Decision(
-            from_=cur, to=best, objective=self.goal.objective, predicted_gain=round(gain, 4),
-            predicted_gain_source="modeled", trial=trial, forecast_spread=None if spread is None else round(spread, 4),
-            horizon_s=round(horizon, 1), mean_context=round(mean_ctx, 1), forecast_error=round(error, 4),
-            forecast_error_source=self._error_source(len(self.spans_for(horizon)) - 1),
-            kv_step_time_source=self.step_time_source(engine, best.kv)
-            if best.kv != cur.kv and engine.backend.source != "simulated" else None,
-            why=(f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s, "
-                 f"within its error ±{error:.0%}; its model of KV {best.kv} is a probe's, extrapolated here, "
-                 "so it is tried on the swarm and kept only if, forecast again with its measured steps, it "
-                 "is not below going back")
-            if trial else
-            f"tune: {what}: forecast {gain:+.1%} {self.goal.objective} over the next "
-            f"{horizon:.0f} s (modeled), past its error ±{error:.0%} and the margin")
+        self._exp = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
+                               max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
+                               exploratory=exploratory, started_s=now,
+                               model=None if sim is None else SimStepCost(sim))
+        self.cost.experiments += 1
+        what = _what(cur, best)
+        why = (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s (modeled), "
+               + (f"within its error ±{error:.0%}: an experiment from the exploration budget"
+                  if exploratory else f"past its error ±{error:.0%} and the margin")
+               + f"; tried against {cur.label()} in interleaved blocks of {block_s:.1f} s, kept only if "
+                 f"{MIN_PAIRS}-{max_pairs} pairs measure it past {bar:+.1%} at {CONFIDENCE:.0%}")
+        return Trial(from_=cur, to=best, objective=self.goal.objective, forecast_gain=round(gain, 4),
+                     forecast_gain_source="modeled", forecast_error=round(error, 4),
+                     forecast_error_source=self._error_source(len(self.spans_for(horizon)) - 1),
+                     exploratory=exploratory, block_s=round(block_s, 3), max_pairs=max_pairs, bar=round(bar, 4),
+                     mean_context=round(mean_ctx, 1), why=why)
 
-    def _trial(self, engine: Engine, cur: Setting, forecasts: dict, base: list[list[Tally]], error: float,
-               horizon: float) -> Setting | None:
-        """A KV type worth trying on the swarm itself: its model is a probe's scaled at short contexts (or an
-        earlier trial's at half these), the swarm's contexts are past what that timed, its forecast cannot
-        rule out a gain, a switch converts the caches in place, and what the trial may cost (two switches
-        and its steps at half speed) is at most TRIAL_SHARE of what is left of the horizon."""
-        if engine.backend.source == "simulated" or not engine.s.kv_convert:
-            return None  # the sim's model is the card itself; without conversion a trial costs a re-prefill
-        n = len(engine.agents)
-        ctx = [a.context for a in engine.agents]
-        mean_ctx = mean_context(ctx)
+    def _switch_s(self, engine: Engine, a: Setting, b: Setting) -> float:
+        """What one switch between two settings is expected to cost: nothing but a KV switch's rebuild, at
+        the rate this run's switches measured (cells per second), else at CONVERT_BYTES_PER_S."""
+        if a.kv == b.kv:
+            return 0.0
+        cells = sum(x.context for x in engine.agents)
+        if self._switches:
+            per_cell = sum(s for _, s in self._switches) / max(sum(c for c, _ in self._switches), 1.0)
+            return cells * per_cell
         bm = engine.facts.bytes_model
-        fit = engine.analysis.fit(cur.kv)
-        if fit is None or fit.samples < MIN_OWN_FIT_SAMPLES:
-            # a trial is judged against the run's own type's model: on its first few steps that model can be
-            # off by 2x (an AVX2 CPU's q8_0 trial measured 0.49x of it, and held, where q8_0 is 0.7x f16)
-            return None
-        batch = min(cur.batch_cap, n)
-        step_s = fit.step_seconds(batch, bm.kv_equivalent_tokens(cur.kv, mean_ctx) * batch)
-        cached = sum(bm.kv_cache_bytes(cur.kv, c) for c in ctx)
-        # a conversion's measured rate covers its save and convert; the restore costs about as much again
-        rate = sum(b for b, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert else 0.25e9
-        cost = 2 * cached / rate + 2 * MIN_STEPS * step_s * TRIAL_LOSS
-        if cost > TRIAL_SHARE_UNTIMED * horizon:
-            return None
-        base_score = sum(r[-1].score(self.goal, n) for r in base) / len(base)
-        out: list[tuple[float, Setting]] = []
-        for c, runs in forecasts.items():
-            if c.kv == cur.kv or c.batch_cap != cur.batch_cap or c.residency != cur.residency:
-                continue
-            own = engine.analysis.fit(c.kv)
-            if own is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
-                continue  # timed on this run's own steps: its forecast stands
-            p = self._probes.get(c.kv)
-            tried = self._tried.get(c.kv)
-            timed_at = tried[0] if tried is not None else float(p.contexts[1]) if p is not None else 0.0
-            if tried is not None and tried[1] != turn_shape(engine):
-                timed_at = 0.0  # the turns changed shape since (longer answers, shorter tool results): try again
-            if mean_ctx < 2 * timed_at or engine.backend.can_convert(cur.kv, c.kv) is not None:
-                continue
-            untimed = p is None and tried is None and own is None
-            if cost > (TRIAL_SHARE_UNTIMED if untimed else TRIAL_SHARE) * horizon:
-                continue
-            g = _gain(sum(r[-1].score(self.goal, n) for r in runs) / len(runs), base_score)
-            if g is not None and g > -error:
-                out.append((g, c))
-        return max(out, key=lambda x: x[0])[1] if out else None
+        cached = sum(bm.kv_cache_bytes(a.kv, x.context) for x in engine.agents)
+        rate = sum(b_ for b_, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert \
+            else getattr(engine.backend, "convert_bytes_per_s", CONVERT_BYTES_PER_S)
+        return 2 * cached / rate
 
-    def _may_return(self, s: Setting, mean_ctx: float) -> bool:
-        """Hysteresis: back to a setting it left only once the contexts have moved since it left it."""
-        left = self._left_at_context.get(s)
-        return left is None or abs(mean_ctx - left) >= self.goal.revisit_context_change * max(left, REVISIT_MIN_CONTEXT)
+    def _block_s(self, engine: Engine, a: Setting, b: Setting) -> float:
+        """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs."""
+        return max(self.goal.block_s, BLOCK_PER_SWITCH * self._switch_s(engine, a, b))
 
-    def _draw_spreads(self, new_runs: list[list[Tally]],
-                      stay_runs: list[list[Tally]]) -> list[tuple[float | None, int]]:
-        """Per span: the standard deviation of the forecast gain across the forecast's draws, and how many."""
-        out: list[tuple[float | None, int]] = []
-        for k in range(len(new_runs[0])):
-            gains = [self._objective_gain(h[k].objective_value(self.goal), b[k].objective_value(self.goal))
-                     for h, b in zip(new_runs, stay_runs, strict=True)]
-            vals = [g for g in gains if g is not None]
-            out.append((statistics.stdev(vals) if len(vals) >= 2 else None, len(vals)))
+    # running an experiment
+    def _experiment_step(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
+        x = self._exp
+        assert x is not None
+        live = self.setting(engine)
+        if live not in (x.incumbent, x.candidate) and not self._switching:
+            return self._end(engine, "abandoned", live)  # a person moved the setting under it
+        before = sum(b.tally.seconds for b in x.blocks)
+        nxt = x.add(rec, live)
+        spent = sum(b.tally.seconds for b in x.blocks) - before
+        self.cost.experiment_s += spent
+        if x.exploratory:
+            self._explored_s += spent
+        if nxt is None:
+            if self.goal.run_s is not None and engine.now_s() >= self.goal.run_s - 1e-9:
+                return self._end(engine, "ended", live)
+            return []
+        verdict = self._judge(engine, x) if len(x.blocks) % 2 == 1 else None  # a pair just closed
+        if verdict is None and len(x.blocks) % 2 == 1 and not self._room_for_a_pair(engine, x):
+            verdict = "gave up"
+        if verdict is not None:
+            return self._end(engine, verdict, live)
+        self._move(engine, live, x.setting_for(nxt))
+        return []
+
+    def _max_block_s(self, now: float) -> float:
+        return max(MAX_BLOCK_EPOCHS * self.goal.epoch_s, self.horizon_at(now) / 6)
+
+    def _room_for_a_pair(self, engine: Engine, x: Experiment) -> bool:
+        """Another pair fits: its blocks at most MAX_BLOCK_EPOCHS epochs or a sixth of the horizon (a switch
+        dearer than a quarter of that costs more than an experiment can find), and, in a run of known
+        length, as long again left after it to reap what it finds."""
+        if x.block_s > self._max_block_s(engine.now_s()):
+            return False
+        return self.goal.run_s is None or self.goal.run_s - engine.now_s() >= 2 * 2 * x.block_s
+
+    def _judge(self, engine: Engine, x: Experiment) -> str | None:
+        """kept | rejected | gave up, or None for another pair. With the step times' pairs: B's model scaled
+        by what they measured (each bound), the rest of the run forecast again both ways; kept where even
+        the unfavourable bound clears the bar, rejected where even the favourable one falls short. The
+        objective's own pairs guard it: shown below the bar at 95%, it is not kept. Without step pairs (no
+        model yet), the objective's pairs alone decide."""
+        obj = x.result()
+        if obj.pairs < MIN_PAIRS:
+            return None
+        short = obj.high is not None and math.log1p(obj.high) < x.bar  # the objective itself, measured short
+        dec = x.step_factor("decode")
+        if dec is None or x.model is None:
+            if short:
+                return "rejected"
+            if obj.low is not None and math.log1p(obj.low) > x.bar:
+                return "kept"
+        elif not (self._thinking_spent(engine.now_s()) and obj.pairs < x.max_pairs):
+            # kept where the unfavourable bound clears the bar on the whole step's factor and, for a KV type,
+            # on attention's too (which grows with the contexts: a wide interval early, from a small share of
+            # the step, holds a verdict back); rejected where the whole step's favourable bound falls short
+            pre = x.step_factor("prefill") or (1.0, 1.0, 1.0)
+            att = x.step_factor("attention") if x.candidate.kv != x.incumbent.kv else None
+            t0, c0, f0 = time.perf_counter(), time.thread_time(), self.cost.forecasts
+            try:
+                unf = self._corrected_gain(engine, x, StepScale(decode=dec[2], prefill=pre[2]))
+                if att is not None and unf is not None:
+                    unf_att = self._corrected_gain(engine, x, StepScale(prefill=pre[2], attention=att[2]))
+                    unf = None if unf_att is None else min(unf, unf_att)
+                elif x.candidate.kv != x.incumbent.kv:
+                    unf = None  # attention not told apart yet: no keeping on the whole step alone
+                mid = self._corrected_gain(engine, x, StepScale(decode=dec[0], prefill=pre[0]))
+                if unf is not None and unf > x.bar and not short:
+                    x.corrected = (unf, mid, None)
+                    return "kept"
+                fav = self._corrected_gain(engine, x, StepScale(decode=dec[1], prefill=pre[1]))
+                x.corrected = (unf, mid, fav)
+                if short or (fav is not None and fav < x.bar):
+                    return "rejected"
+            finally:
+                self._think(engine, t0, c0, self.cost.forecasts - f0)
+        return "gave up" if obj.pairs >= x.max_pairs else None
+
+    def _corrected_gain(self, engine: Engine, x: Experiment, sc: StepScale) -> float | None:
+        """log of the objective's gain of the candidate over the incumbent, forecast over what is left of the
+        horizon with the candidate's step times scaled by these factors (what its steps measured against the
+        model, relative to the incumbent's)."""
+        n = len(engine.agents)
+        stay = self.forecast(engine, x.incumbent)
+        new = self.forecast(engine, x.candidate, scale={x.candidate.kv: sc})
+        if stay is None or new is None:
+            return None
+        g = _gain(sum(r[-1].score(self.goal, n) for r in new) / len(new),
+                  sum(r[-1].score(self.goal, n) for r in stay) / len(stay))
+        return None if g is None or g <= -1 else math.log1p(g)
+
+    def _move(self, engine: Engine, cur: Setting, to: Setting) -> bool:
+        if cur == to:
+            return True
+        try:
+            engine.request(Control(batch_cap=to.batch_cap if to.batch_cap != cur.batch_cap else None,
+                                   kv=to.kv if to.kv != cur.kv else None,
+                                   residency=to.residency if to.residency != cur.residency else None))
+        except UserError:  # the swarm changed under it (agents removed meanwhile)
+            return False
+        self.cost.switches += 1
+        if to.kv != cur.kv:
+            self._switching = True
+        self._drop_moved_checks(engine)
+        return True
+
+    def _end(self, engine: Engine, result: str, live: Setting) -> list[TuneEvent]:
+        """An experiment's end: the swarm at the winner (the incumbent unless kept), its record, its cost."""
+        x = self._exp
+        assert x is not None
+        self._exp = None
+        r = x.result()
+        mean_ctx = mean_context([a.context for a in engine.agents])
+        keep = x.candidate if result == "kept" else x.incumbent
+        if result != "abandoned":
+            self._move(engine, live, keep)
+        loser = x.incumbent if result == "kept" else x.candidate
+        if result != "abandoned":
+            self._tried[loser] = (mean_ctx, engine.s.kv_budget_bytes, turn_shape(engine))
+        lost = x.tokens_lost()
+        self.cost.tokens_lost += lost
+        self._epoch_start_s = engine.now_s()  # the next look an epoch from now, on the setting it holds
+        self._drop_moved_checks(engine)
+        fv = self._forecast_verdict(x)
+        dec, pre = x.step_factor("decode"), x.step_factor("prefill")
+        unf, mid, fav = x.corrected or (None, None, None)
+        g = "n/a" if r.gain is None else f"{r.gain:+.1%}"
+        bounds = "" if r.low is None else f" (95%: {r.low:+.1%} to {r.high:+.1%})"
+        steps = "" if dec is None else (f"; its decode steps {dec[0]:.2f}x the model's relative to the incumbent's "
+                                       f"({dec[1]:.2f}-{dec[2]:.2f})"
+                                       + ("" if pre is None else f", prefill {pre[0]:.2f}x"))
+        again = "" if mid is None else f"; forecast again on them {math.expm1(mid):+.1%}" + (
+            "" if unf is None else f" (at worst {math.expm1(unf):+.1%})")
+        words = {"kept": f"kept: past its bar {x.bar:+.1%}",
+                 "rejected": f"not kept: short of its bar {x.bar:+.1%}",
+                 "gave up": f"not kept: no verdict after {r.pairs} pairs, its budget",
+                 "ended": "the run ended before a verdict",
+                 "abandoned": f"abandoned: the setting moved to {live.label()}"}
+        why = (f"tune experiment: {_what(x.incumbent, x.candidate)} over {r.pairs} interleaved pairs: objective "
+               f"{g}{bounds} (measured){steps}{again} (modeled); forecast "
+               + ("n/a" if x.forecast_gain is None else f"{x.forecast_gain:+.1%}")
+               + f" ({fv or 'no verdict'}); {words[result]}; its switches {x.switch_s:.2f} s, "
+                 f"{x.switch_cells:,} cells, {lost:+.0f} tokens lost to it")
+        out: list[TuneEvent] = [Experimented(
+            from_=x.incumbent, to=x.candidate, objective=self.goal.objective, result=result, pairs=r.pairs,
+            objective_gain=_round(r.gain), objective_low=_round(r.low), objective_high=_round(r.high),
+            decode_factor=None if dec is None else round(dec[0], 4),
+            decode_factor_low=None if dec is None else round(dec[1], 4),
+            decode_factor_high=None if dec is None else round(dec[2], 4),
+            prefill_factor=None if pre is None else round(pre[0], 4),
+            corrected_gain=None if mid is None else round(math.expm1(mid), 4),
+            corrected_low=None if unf is None else round(math.expm1(unf), 4),
+            corrected_high=None if fav is None else round(math.expm1(fav), 4),
+            confidence=CONFIDENCE, forecast_gain=_round(x.forecast_gain), verdict=fv,
+            seconds_incumbent=round(x.seconds_on("A"), 2), seconds_candidate=round(x.seconds_on("B"), 2),
+            switches=x.switches_made(), switch_s=round(x.switch_s, 3), switch_cells=x.switch_cells,
+            tokens_lost=round(lost, 1),
+            source=f"{engine.backend.source}: paired blocks, Student's t on the pairs' spread (measured); the "
+                   "corrected gain forecast on the measured step times (modeled)",
+            why=why)]
+        if result == "kept":
+            horizon = self.horizon_at(engine.now_s())
+            out.append(Decision(
+                from_=x.incumbent, to=x.candidate, objective=self.goal.objective,
+                predicted_gain=round(math.expm1(mid), 4) if mid is not None else _round(r.gain) or 0.0,
+                predicted_gain_source="modeled on step times measured in an experiment" if mid is not None
+                else "measured: the objective in interleaved pairs", trial=x.exploratory,
+                forecast_spread=None, horizon_s=round(horizon, 1), mean_context=round(mean_ctx, 1),
+                forecast_error=round(x.forecast_error, 4), forecast_error_source="the proposal's (modeled)",
+                kv_step_time_source=None,
+                why=f"tune: {_what(x.incumbent, x.candidate)}: kept on what the swarm measured ({words[result]})"))
+        s = self.cost
+        out.append(Spent(think_s=round(s.think_s, 3), think_cpu_s=round(s.think_cpu_s, 3), forecasts=s.forecasts,
+                         looks=s.looks, looks_skipped=s.looks_skipped, probe_s=round(s.probe_s, 3),
+                         switches=s.switches, switch_s=round(s.switch_s, 3), switch_cells=s.switch_cells,
+                         experiments=s.experiments, experiment_s=round(s.experiment_s, 2),
+                         tokens_lost=round(s.tokens_lost, 1), why=s.line(engine.now_s())))
         return out
 
-    def outcome_now(self, engine: Engine) -> Outcome | None:
-        """The pending decision's outcome over the spans that have passed, if one is pending: what a run
-        that ends before the horizon can still say about its last decision."""
-        if self._pending is None or self._pending_tally is None or not self._pending_tally.closed:
+    def _forecast_verdict(self, x: Experiment) -> str | None:
+        """Whether the forecast that proposed it agrees with what the swarm measured. With step pairs: the
+        candidate's decode step times, relative to the incumbent's, as the model said (a factor of 1) within
+        their measured 95% bounds widened by AGREE_STEP (what a forecast's gain may carry). Without: the
+        forecast gain within the objective pairs' bounds. None with fewer pairs than a bound needs."""
+        dec = x.step_factor("decode")
+        if dec is not None and x.model is not None:
+            _, low, high = dec
+            return "agrees" if low / (1 + AGREE_STEP) <= 1.0 <= high * (1 + AGREE_STEP) else "disagrees"
+        r = x.result()
+        if x.forecast_gain is None or r.pairs < MIN_PAIRS or r.low is None or r.high is None:
             return None
-        return self._measured(engine)
+        return "agrees" if r.low <= x.forecast_gain <= r.high else "disagrees"
 
-    def _objective_gain(self, new: float | None, old: float | None) -> float | None:
-        """The gain in the objective's own unit: more tok/s, or fewer J/token."""
-        if not new or not old:
+    def outcome_now(self, engine: Engine) -> Experimented | None:
+        """An experiment still running when the run ends: what it measured so far (no verdict on the setting;
+        the forecast's verdict where there are pairs enough). The swarm is left as it is."""
+        if self._exp is None:
             return None
-        return (old / new - 1) if self.goal.objective == "joules_per_token" else (new / old - 1)
+        out = self._end(engine, "ended", self.setting(engine))
+        return next((e for e in out if isinstance(e, Experimented)), None)
 
-    def _measured(self, engine: Engine, p: "Pending | None" = None, came: SpanTally | None = None) -> Outcome:
-        """A decision's outcome over the longest span that has passed: the measured objective against the
-        forecast of staying, next to the forecast gain for that span and the error stated for it. By
-        default the pending decision's, which it closes; else the one given (a later decision replaced it)."""
+    def _retry_blocked(self, engine: Engine, s: Setting, mean_ctx: float) -> bool:
+        """A setting an experiment did not keep (or replaced), under conditions that have not moved since: the
+        contexts, the budget and the turns' shape."""
+        p = self._tried.get(s)
         if p is None:
-            p, came = self._pending, self._pending_tally
-            self._pending, self._pending_tally = None, None
-        assert p is not None and came is not None
-        k = len(came.closed) - 1
-        span_s = came.spans[k] if came is not None and k >= 0 else 0.0
-        measured_new = came.closed[k].objective_value(self.goal) if k >= 0 else None
-        old = p.predicted_old[k] if k >= 0 else None
-        predicted = self._objective_gain(p.predicted_new[k], old) if k >= 0 else None
-        gain = self._objective_gain(measured_new, old)
-        err = None
-        predicted_new = p.predicted_new[k] if k >= 0 else None
-        if measured_new and predicted_new:
-            err = predicted_new / measured_new - 1
-        stated = self.stated_error(k) if k >= 0 else None
-        draw_sd, n_draws = p.draws[k] if k >= 0 else (None, 0)
-        if stated is not None and draw_sd is not None:
-            # the gain's own luck: this future is one more draw from the forecast's spread of them
-            stated = math.sqrt(stated ** 2 + (2 * draw_sd) ** 2 * (1 + 1 / n_draws))
-        judged = verdict(gain, predicted, stated)
-        agrees = None if judged in (None, "inconclusive") else judged == "agrees"
-        return Outcome(
-            from_=p.from_, to=p.to, objective=self.goal.objective, predicted_gain=round(p.predicted_gain, 4),
-            span_s=span_s, predicted_gain_span=_round(predicted),
-            forecast_spread=None if p.spread is None else round(p.spread, 4),
-            measured_gain=None if gain is None else round(gain, 4), stated_error=_round(stated), agrees=agrees,
-            verdict=judged,
-            measured_gain_source=f"{engine.backend.source} new setting vs the forecast of staying (modeled)",
-            stated_error_source=f"2 x rms error of this run's forecasts of staying over {span_s:.0f} s "
-                                f"({engine.backend.source}), with 2 x the spread of this forecast's own draws "
-                                "(modeled)",
-            forecast_error=None if err is None else round(err, 4),
-            why=f"tune outcome: {p.to.label()}: forecast "
-                + ("n/a" if predicted is None else f"{predicted:+.1%}") + f" over {span_s:.0f} s, measured "
-                + ("n/a" if gain is None else f"{gain:+.1%}") + " against staying"
-                + ("" if stated is None else f" (stated error ±{stated:.0%}: {_VERDICT_WORDS[judged]})"))
-
-
-@dataclass
-class Pending:
-    """A decision whose outcome is being measured: what it forecast for each span, both ways."""
-
-    from_: Setting
-    to: Setting
-    predicted_gain: float
-    spread: float | None
-    predicted_old: list[float | None]  # the forecast objective of staying, per span
-    predicted_new: list[float | None]  # and of the change
-    draws: list[tuple[float | None, int]]  # per span: the spread of the forecast's draws and how many
-    shape: tuple[int, int]  # the turns' shape the forecasts ran on (turn_shape)
-
-
-_VERDICT_WORDS = {"agrees": "agrees", "disagrees": "disagrees",
-                  "inconclusive": "inconclusive, larger than the gain it judges", None: "n/a"}
-
+            return False
+        ctx, budget, shape = p
+        moved = abs(mean_ctx - ctx) >= RETRY_CONTEXT_CHANGE * max(ctx, REVISIT_MIN_CONTEXT)
+        return not moved and budget == engine.s.kv_budget_bytes and shape == turn_shape(engine)
 
 def _spread(gains: list[float | None]) -> float | None:
     """Half the range of per-draw gains; None if any is missing or not finite."""
@@ -853,6 +758,11 @@ def _gain(new: float, old: float) -> float | None:
     if old != 0:
         return (new - old) / abs(old)
     return None
+
+
+def _what(a: Setting, b: Setting) -> str:
+    return ", ".join(f"{k} {getattr(a, k)} -> {getattr(b, k)}" for k in ("batch_cap", "kv", "residency")
+                     if getattr(a, k) != getattr(b, k))
 
 
 def turn_shape(engine: Engine) -> tuple[int, int]:

@@ -1,0 +1,120 @@
+"""An experiment: the candidate and the incumbent in interleaved blocks (A B B A ...), paired, with bounds
+from the pairs' own spread; a drift of the machine falls on both sides alike."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from swarmtune.engine.tune import Goal, Setting, Tuner
+from swarmtune.engine.tune.experiment import MIN_BLOCK_DECODE_STEPS, MIN_PAIRS, Experiment, t95
+
+A, B = Setting(8, "f16", "keep"), Setting(8, "q8_0", "keep")
+
+
+class _Model:
+    """A step model that says every decode step takes 0.1 s, half of it the weights."""
+
+    def decode_seconds(self, batch, contexts, kv):
+        return 0.1
+
+    def decode_base_seconds(self, batch, kv):
+        return 0.05
+
+    def prefill_seconds(self, tokens, pos0, kv):
+        return 0.01 * tokens
+
+
+def _rec(t: float, kv: str, seconds: float, tokens: int = 8):
+    return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, tokens=tokens, batch=8,
+                           batch_ids=list(range(8)), agents=[], mean_context=100.0, kv_type=kv, joules=None,
+                           watts=None)
+
+
+def _drive(x: Experiment, seconds_of, blocks: int) -> list[str]:
+    """Steps of the setting each block asks for, until `blocks` blocks closed: the order they came in."""
+    order, live, t = ["A"], A, 0.0
+    while len(order) <= blocks:
+        s = seconds_of(live, t)
+        t += s
+        nxt = x.add(_rec(t, live.kv, s), live)
+        if nxt is not None:
+            order.append(nxt)
+            live = x.setting_for(nxt)
+    return order[:blocks]
+
+
+def _exp(**kw) -> Experiment:
+    return Experiment(incumbent=A, candidate=B, goal=Goal(), n_agents=8, block_s=1.0, max_pairs=8, bar=0.01,
+                      forecast_gain=0.1, forecast_error=0.05, exploratory=False, started_s=0.0, **kw)
+
+
+def test_blocks_alternate_a_b_b_a_and_each_pair_is_two_consecutive_blocks():
+    x = _exp(model=_Model())
+    order = _drive(x, lambda s, t: 0.1 if s is A else 0.08, blocks=8)
+    assert "".join(order) == "ABBAABBA"
+    assert len(x.diffs) == 4 and all(b.decode_steps >= MIN_BLOCK_DECODE_STEPS for b in x.blocks[:8])
+
+
+def test_a_steady_drift_of_the_machine_cancels_over_the_pairs():
+    """The machine slows by 2% a second, on both settings alike; B is truly 20% faster per step. The pairs'
+    mean recovers B's gain and its step factor, where comparing what came before with what came after would
+    not."""
+    x = _exp(model=_Model())
+    _drive(x, lambda s, t: (0.1 if s is A else 0.08) * (1 + 0.02 * t), blocks=8)
+    r = x.result()
+    assert r.pairs == 4 and r.gain == pytest.approx(0.25, abs=0.02)  # 1 / 0.8 - 1
+    dec, att = x.step_factor("decode"), x.step_factor("attention")
+    assert dec is not None and att is not None
+    assert dec[0] == pytest.approx(0.8, abs=0.02) and dec[1] <= dec[0] <= dec[2]
+    # on attention alone (a KV experiment): half the modeled step is the weights, so 0.8x the step is 0.6x
+    assert att[0] == pytest.approx(0.6, abs=0.03)
+
+
+def test_bounds_come_from_the_pairs_spread_with_students_t():
+    x = _exp()
+    x.diffs = [0.10, 0.20, 0.15]
+    r = x.result()
+    sd = math.sqrt(((0.1 - 0.15) ** 2 + (0.2 - 0.15) ** 2) / 2)
+    assert r.low == pytest.approx(math.expm1(0.15 - t95(2) * sd / math.sqrt(3)))
+    assert r.high == pytest.approx(math.expm1(0.15 + t95(2) * sd / math.sqrt(3)))
+    assert t95(1) > t95(2) > t95(30) > 1.64  # fewer pairs, wider bounds
+    x.step_diffs = {"decode": [0.0, 0.01]}
+    assert x.step_factor("decode") is None  # fewer than MIN_PAIRS pairs: no bound at all
+    assert MIN_PAIRS == 3
+
+
+def test_steps_of_another_setting_and_the_switch_itself_are_not_counted():
+    x = _exp(model=_Model())
+    rebuild = SimpleNamespace(**{**vars(_rec(0.5, "f16", 0.5)), "kind": "rebuild"})
+    assert x.add(rebuild, A) is None and x.current.tally.seconds == 0  # the switch: the tuner's cost
+    assert x.add(_rec(1.0, "q8_0", 0.1), B) is None and x.current.tally.seconds == 0  # B's step in A's block
+    x.add(_rec(1.1, "f16", 0.1), A)
+    assert x.current.tally.seconds == pytest.approx(0.1)  # the first block follows no switch
+    _drive(x, lambda s, t: 0.1, blocks=1)
+    assert x.current.which == "B" and x.current.after_switch and x.current.tally.seconds == 0
+    x.add(_rec(9.0, "q8_0", 0.3), B)
+    assert x.current.tally.seconds == 0  # its first step of a batch size after a switch builds its graph
+    x.add(_rec(9.1, "q8_0", 0.1), B)
+    assert x.current.tally.seconds == pytest.approx(0.1)
+
+
+def test_a_run_of_known_length_plans_only_for_what_is_left_of_it():
+    t = Tuner(Goal(epoch_s=10.0, horizon_s=240.0, run_s=80.0))
+    assert t.horizon_at(0.0) == 80.0 and t.horizon_at(55.0) == 25.0 and t.horizon_at(79.0) == 10.0
+    assert t.spans_for(25.0) == [10.0, 20.0, 25.0]
+    assert Tuner(Goal(horizon_s=240.0)).horizon_at(1000.0) == 240.0
+
+
+def test_a_short_run_tries_kv_types_on_the_swarm_rather_than_probing_them():
+    # a probe costs 3-8 s here: 4-8% of a 100 s run, under 1% of a long one
+    assert not Tuner(Goal(run_s=100.0)).probes_pay()
+    assert Tuner(Goal(run_s=3600.0)).probes_pay() and Tuner(Goal()).probes_pay()
+
+
+def test_a_kv_types_measured_factor_goes_on_attention_and_is_clamped():
+    from swarmtune.engine.tune.simulator import ATTENTION_MAX_FACTOR, attention_factor
+
+    assert attention_factor(1.2, 0.5) == pytest.approx(1.4)  # half the step attention: 1.2x whole is 1.4x on it
+    assert attention_factor(3.0, 0.9) == ATTENTION_MAX_FACTOR  # a small share's noise is bounded
+    assert attention_factor(1.0, 0.999) is None
