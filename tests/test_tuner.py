@@ -345,7 +345,9 @@ def test_an_experiment_within_the_forecasts_error_on_a_flat_workload_is_never_ke
                 budget=False)
     recs = _run(e, 120)
     trials, done = _events(recs, "trial"), _events(recs, "experiment")
-    assert trials and all(t["exploratory"] for t in trials), [t["why"] for t in trials]
+    # the first ones, at least, are explorations (once the error is measured here it is small, and a
+    # forecast past it proposes as any other)
+    assert trials and trials[0]["exploratory"], [t["why"] for t in trials]
     for d in done:
         if d["result"] == "kept":
             assert d["pairs"] >= MIN_PAIRS and d["corrected_low"] is not None

@@ -24,6 +24,10 @@ class Stats:
     energy_tokens: int = 0
     rebuild_note: str = ""
     tuner_on: bool = False  # the source's tuner holds the settings (the app sets it from the source's state)
+    # what the tuner has spent (its last `cost` record: thinking, probes, switches, in engine seconds) and when
+    tuner_spent_s: float | None = None
+    tuner_spent_at_s: float = 0.0
+    tuner_trying: str = ""  # the setting an experiment is trying now, if one runs
 
     def reset(self) -> None:
         header = self.header
@@ -47,9 +51,23 @@ class Stats:
             self.energy_tokens += r.tokens
         if r.kind == "rebuild":
             self.rebuild_note = r.note
+        if r.kind == "tune" and r.tune is not None:
+            self._tune(r)
         for a in r.agents:
             d = self.agent_rate.setdefault(a.id, deque(maxlen=64))
             d.append((t, a.generated))
+
+    def _tune(self, r: StepRecord) -> None:
+        d = r.tune.to_json() if r.tune is not None else {}
+        if d.get("phase") == "cost":
+            self.tuner_spent_s = d["think_s"] + d["probe_s"] + d["switch_s"]
+            self.tuner_spent_at_s = r.t
+        elif d.get("phase") == "trial":
+            to, fr = d["to"], d["from"]
+            self.tuner_trying = ", ".join(f"{'KV ' if k == 'kv' else k.replace('batch_cap', 'cap ')}{to[k]}"
+                                          for k in ("batch_cap", "kv", "residency") if to[k] != fr[k])
+        elif d.get("phase") == "experiment":
+            self.tuner_trying = ""
 
     @property
     def tokens_per_second(self) -> float:

@@ -36,7 +36,7 @@ class Goal:
     # experiments (engine/tune/experiment.py): a block's least length on the engine's clock (longer where a
     # switch costs more), the most pairs before it gives up, and the share of the run experiments the
     # forecast cannot back (within its error) may take
-    block_s: float = 2.5
+    block_s: float = 1.0
     max_pairs: int = 8
     explore_share: float = 0.1
     # the rms forecast error assumed before three forecasts of staying were checked on this run: a forecast

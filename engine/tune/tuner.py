@@ -55,6 +55,8 @@ PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) time
 # a switch's seconds, before one was measured: cached bytes over this rate, twice (save and convert, restore).
 # Measured on a 2-core Xeon: 8 x 1,050 tokens of the default model (0.19 GB at f16) switched in 0.61 s
 CONVERT_BYTES_PER_S = 0.6e9
+# and a new llama.cpp context of the other type, before one was measured (0.2-0.3 s on the 2-core CPUs here)
+SWITCH_FIXED_S = 0.25
 # a block lasts at least this many times what the switch into it is expected to cost: the switches' share of
 # an experiment stays near an eighth (they fall on both sides alike, and are counted as the tuner's cost)
 BLOCK_PER_SWITCH = 4.0
@@ -179,8 +181,11 @@ class Tuner:
         if self._thinking_spent(now):
             self.cost.looks_skipped += 1
             return []
-        if self.goal.run_s is not None and self.goal.run_s - now < self.goal.epoch_s:
-            return []  # less than an epoch left: nothing could be measured, nor a forecast be checked
+        if self.goal.run_s is not None and self.goal.run_s - now < max(
+                self.goal.epoch_s, 2 * MIN_PAIRS * 2 * self.goal.block_s):
+            # less than an epoch left, or than the shortest experiment and as long again to reap it: nothing
+            # could be tried, and a forecast of staying would serve no later proposal
+            return []
         self.cost.looks += 1
         cur = self.setting(engine)
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -477,8 +482,9 @@ class Tuner:
         least_s = 2 * MIN_PAIRS * 2 * block_s
         if left_s < least_s:
             return None
+        # at most a third of what is left of a run of known length: the rest is to reap what it finds
         max_pairs = self.goal.max_pairs if left_s == math.inf else min(
-            self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 2) / (2 * block_s))))
+            self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 3) / (2 * block_s))))
         if exploratory:
             # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
             # the run (of the horizon where the run's length is unknown)
@@ -510,6 +516,7 @@ class Tuner:
         the rate this run's switches measured (cells per second), else at CONVERT_BYTES_PER_S."""
         if a.kv == b.kv:
             return 0.0
+        fixed = 0.0 if engine.backend.source == "simulated" else SWITCH_FIXED_S
         cells = sum(x.context for x in engine.agents)
         if self._switches:
             per_cell = sum(s for _, s in self._switches) / max(sum(c for c, _ in self._switches), 1.0)
@@ -518,7 +525,7 @@ class Tuner:
         cached = sum(bm.kv_cache_bytes(a.kv, x.context) for x in engine.agents)
         rate = sum(b_ for b_, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert \
             else getattr(engine.backend, "convert_bytes_per_s", CONVERT_BYTES_PER_S)
-        return 2 * cached / rate
+        return fixed + 2 * cached / rate
 
     def _block_s(self, engine: Engine, a: Setting, b: Setting) -> float:
         """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs."""
@@ -563,16 +570,17 @@ class Tuner:
     def _judge(self, engine: Engine, x: Experiment) -> str | None:
         """kept | rejected | gave up, or None for another pair. With the step times' pairs: B's model scaled
         by what they measured (each bound), the rest of the run forecast again both ways; kept where even
-        the unfavourable bound clears the bar, rejected where even the favourable one falls short. The
-        objective's own pairs guard it: shown below the bar at 95%, it is not kept. Without step pairs (no
-        model yet), the objective's pairs alone decide."""
+        the unfavourable bound clears the bar, rejected where even the favourable one falls short. Without
+        step pairs (no model yet), the objective's pairs alone decide. (With step pairs the objective's are
+        not a guard: a KV type that holds more of the swarm in the budget spends its first blocks
+        prefilling what it newly admits, and the other gives it back on the way out, so over blocks of a
+        second or two they measure the budget's churn against the candidate, not the setting.)"""
         obj = x.result()
         if obj.pairs < MIN_PAIRS:
             return None
-        short = obj.high is not None and math.log1p(obj.high) < x.bar  # the objective itself, measured short
         dec = x.step_factor("decode")
         if dec is None or x.model is None:
-            if short:
+            if obj.high is not None and math.log1p(obj.high) < x.bar:
                 return "rejected"
             if obj.low is not None and math.log1p(obj.low) > x.bar:
                 return "kept"
@@ -591,12 +599,12 @@ class Tuner:
                 elif x.candidate.kv != x.incumbent.kv:
                     unf = None  # attention not told apart yet: no keeping on the whole step alone
                 mid = self._corrected_gain(engine, x, StepScale(decode=dec[0], prefill=pre[0]))
-                if unf is not None and unf > x.bar and not short:
+                if unf is not None and unf > x.bar:
                     x.corrected = (unf, mid, None)
                     return "kept"
                 fav = self._corrected_gain(engine, x, StepScale(decode=dec[1], prefill=pre[1]))
                 x.corrected = (unf, mid, fav)
-                if short or (fav is not None and fav < x.bar):
+                if fav is not None and fav < x.bar:
                     return "rejected"
             finally:
                 self._think(engine, t0, c0, self.cost.forecasts - f0)
@@ -607,8 +615,10 @@ class Tuner:
         horizon with the candidate's step times scaled by these factors (what its steps measured against the
         model, relative to the incumbent's)."""
         n = len(engine.agents)
-        stay = self.forecast(engine, x.incumbent)
-        new = self.forecast(engine, x.candidate, scale={x.candidate.kv: sc})
+        # one draw of tool latencies, the same both ways: what the two differ in is the setting, and a verdict
+        # is forecast several times over (each bound), on the engine's own thread
+        stay = self.forecast(engine, x.incumbent, range(1))
+        new = self.forecast(engine, x.candidate, range(1), scale={x.candidate.kv: sc})
         if stay is None or new is None:
             return None
         g = _gain(sum(r[-1].score(self.goal, n) for r in new) / len(new),

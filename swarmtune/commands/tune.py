@@ -59,9 +59,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          "last_dwell": round(tail.tokens / tail.seconds, 2) if tail.seconds else None,
                          "source": source},
         "decisions": decisions, "engines": [x.as_dict() for x in flags],
+        "tuner_cost": e.tuner.cost.to_json(),
     }
     say(f"best setting: cap {st.batch_cap}, KV {st.kv}, residency {st.residency} "
         f"({result['tokens_per_s']['whole_run']} tok/s over the run, {source})")
+    say(e.tuner.cost.line(run_s))
     for x in flags:
         say(f"  {x.engine:12} {' '.join(x.flags)}")
         for n in x.notes:

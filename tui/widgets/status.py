@@ -29,6 +29,11 @@ class StatusLine(Static):
             t.append(f" | KV {r.kv_type} | cap {r.batch_cap} | {len(r.agents)} agents")
             if stats.tuner_on:
                 t.append(" | tuner on", style="bold magenta")
+                if stats.tuner_trying:
+                    t.append(f", trying {stats.tuner_trying}", style="magenta")
+            if stats.tuner_spent_s is not None and stats.tuner_spent_at_s > 0:
+                share = stats.tuner_spent_s / stats.tuner_spent_at_s
+                t.append(f" | tuner spent {stats.tuner_spent_s:.1f} s ({share:.1%})")
         if extra:
             t.append(f" | {extra}", style="italic")
         model = h.get("model", {}).get("name", "?")
