@@ -150,6 +150,9 @@ def test_tune_command_prints_the_setting_as_engine_flags():
     assert "--parallel" in engines["ZINC"]["flags"]
     assert out["tokens_per_s"]["source"] == "simulated"
     assert "best setting" in r.stderr
+    # and what the tuner spent to find it
+    assert {"think_s", "switch_s", "switch_cells", "experiments", "tokens_lost"} <= set(out["tuner_cost"])
+    assert "tuner spent" in r.stderr
 
 
 def test_tune_flags_refuse_bad_input_in_one_line():

@@ -570,7 +570,8 @@ class Tuner:
     def _judge(self, engine: Engine, x: Experiment) -> str | None:
         """kept | rejected | gave up, or None for another pair. With the step times' pairs: B's model scaled
         by what they measured (each bound), the rest of the run forecast again both ways; kept where even
-        the unfavourable bound clears the bar, rejected where even the favourable one falls short. Without
+        the unfavourable bound clears the bar and the forecast's own error, rejected where even the
+        favourable one falls short of the bar. Without
         step pairs (no model yet), the objective's pairs alone decide. (With step pairs the objective's are
         not a guard: a KV type that holds more of the swarm in the budget spends its first blocks
         prefilling what it newly admits, and the other gives it back on the way out, so over blocks of a
@@ -599,7 +600,9 @@ class Tuner:
                 elif x.candidate.kv != x.incumbent.kv:
                     unf = None  # attention not told apart yet: no keeping on the whole step alone
                 mid = self._corrected_gain(engine, x, StepScale(decode=dec[0], prefill=pre[0]))
-                if unf is not None and unf > x.bar:
+                # the forecast that turns measured step times into a gain has its own error (this run's checked
+                # forecasts of staying): a gain kept on it clears that too, not the bar alone
+                if unf is not None and unf > x.bar + math.log1p(x.forecast_error):
                     x.corrected = (unf, mid, None)
                     return "kept"
                 fav = self._corrected_gain(engine, x, StepScale(decode=dec[1], prefill=pre[1]))
