@@ -8,12 +8,15 @@ from swarmtune.engine.records import StepRecord, step_from_dict
 from swarmtune.engine.tune_events import (
     Confirmed,
     Decision,
+    Experimented,
     Held,
     Outcome,
     Probed,
     Reverted,
     RevertRefused,
     Setting,
+    Spent,
+    Trial,
     event_from_json,
 )
 
@@ -33,6 +36,17 @@ EVENTS = [
     RevertRefused(to=A, why="tune check: no"),
     Probed(kv="q8_0", base_kv="f16", why="timed", figures={"batch": 4, "probe_seconds": 2.2}),
     Probed(kv="q8_0", base_kv="f16", why="could not", error="no slot"),
+    Trial(from_=A, to=B, objective="tokens_per_s", forecast_gain=0.2, forecast_gain_source="modeled",
+          forecast_error=0.05, forecast_error_source="prior", exploratory=False, block_s=1.0, max_pairs=8, bar=0.01,
+          mean_context=300.0, why="tune trial"),
+    Experimented(from_=A, to=B, objective="tokens_per_s", result="rejected", pairs=3, objective_gain=-0.1,
+                 objective_low=-0.5, objective_high=0.4, decode_factor=1.2, decode_factor_low=1.1,
+                 decode_factor_high=1.3, prefill_factor=1.0, corrected_gain=-0.08, corrected_low=-0.1,
+                 corrected_high=-0.05, confidence=0.95, forecast_gain=0.2, verdict="disagrees", seconds_incumbent=3.0,
+                 seconds_candidate=3.0, switches=3, switch_s=0.9, switch_cells=6000, tokens_lost=40.0,
+                 source="measured", why="tune experiment"),
+    Spent(think_s=0.5, think_cpu_s=0.5, forecasts=20, looks=3, looks_skipped=0, probe_s=0.0, switches=4, switch_s=1.2,
+          switch_cells=8000, experiments=1, experiment_s=12.0, tokens_lost=40.0, why="tuner spent"),
 ]
 
 
@@ -69,3 +83,19 @@ def test_an_older_recordings_decision_without_todays_keys_still_reads():
            "predicted_gain": 0.2, "why": "tune: kv f16 -> q8_0"}
     e = event_from_json(old)
     assert isinstance(e, Decision) and e.to == B and e.trial is None and e.why == old["why"]
+
+
+def test_the_dashboard_shows_what_the_tuner_tries_and_what_it_spent():
+    from swarmtune.tui.stats import Stats
+
+    def rec(t: float, event) -> StepRecord:
+        return StepRecord(step=0, t=t, kind="tune", batch=0, batch_ids=[], batch_cap=8, kv_type="f16", agents=[],
+                          weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source="measured", note=event.why,
+                          tune=event)
+
+    st = Stats()
+    st.add(rec(5.0, EVENTS[-3]))
+    assert st.tuner_trying == "KV q8_0"
+    st.add(rec(20.0, EVENTS[-2]))
+    st.add(rec(20.0, EVENTS[-1]))
+    assert st.tuner_trying == "" and st.tuner_spent_s == pytest.approx(1.7) and st.tuner_spent_at_s == 20.0

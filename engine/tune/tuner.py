@@ -81,6 +81,9 @@ class Tuner:
         self._switches: list[tuple[float, float]] = []  # (cached tokens, seconds) of the tuner's KV switches
         # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
         self._tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
+        # per KV type, what an experiment measured of its steps against the model: later forecasts run on it
+        # (until, on a real backend, the type has a fit of its own steps)
+        self._measured_scale: dict[str, StepScale] = {}
         self.cost = Spending()
         self.restart()
 
@@ -387,7 +390,7 @@ class Tuner:
         sim = self._simulator(engine)
         if sim is None:
             return None
-        sim.scale = dict(scale or {})
+        sim.scale = {**self._learned_scale(engine), **(scale or {})}
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
                     check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
@@ -571,44 +574,56 @@ class Tuner:
         """kept | rejected | gave up, or None for another pair. With the step times' pairs: B's model scaled
         by what they measured (each bound), the rest of the run forecast again both ways; kept where even
         the unfavourable bound clears the bar and the forecast's own error, rejected where even the
-        favourable one falls short of the bar. Without
-        step pairs (no model yet), the objective's pairs alone decide. (With step pairs the objective's are
-        not a guard: a KV type that holds more of the swarm in the budget spends its first blocks
-        prefilling what it newly admits, and the other gives it back on the way out, so over blocks of a
-        second or two they measure the budget's churn against the candidate, not the setting.)"""
+        favourable one falls short of the bar. A cap or a residency is kept only where the objective's own
+        pairs agree (their central gain past the bar), and rejected where they fall short at 95%. Without
+        step pairs (no model yet), the objective's pairs alone decide. (For a KV type they are no guard: one
+        that holds more of the swarm in the budget spends its first blocks prefilling what it newly admits,
+        and the other gives it back on the way out, so over blocks of a second or two they measure the
+        budget's churn against the candidate, not the setting.)"""
         obj = x.result()
         if obj.pairs < MIN_PAIRS:
             return None
         dec = x.step_factor("decode")
+        short = obj.high is not None and math.log1p(obj.high) < x.bar  # the objective's pairs, measured short
+        # a cap or a residency changes no step's cost, only what the swarm does with its steps: the model's
+        # forecast of that is a forecast still (the sim's own model forecast +12.8% for a residency whose
+        # pairs measured -47%), so the objective's own pairs must not say otherwise, centrally and at 95%
+        kv_change = x.candidate.kv != x.incumbent.kv
+        pairs_agree = kv_change or (obj.gain is not None and math.log1p(obj.gain) > x.bar and not short)
         if dec is None or x.model is None:
-            if obj.high is not None and math.log1p(obj.high) < x.bar:
+            if short:
                 return "rejected"
             if obj.low is not None and math.log1p(obj.low) > x.bar:
                 return "kept"
         elif not (self._thinking_spent(engine.now_s()) and obj.pairs < x.max_pairs):
-            # kept where the unfavourable bound clears the bar on the whole step's factor and, for a KV type,
-            # on attention's too (which grows with the contexts: a wide interval early, from a small share of
-            # the step, holds a verdict back); rejected where the whole step's favourable bound falls short
+            # a KV type's factor is put on attention (what grows with the contexts) where its pairs could tell
+            # it apart; until then it is not kept on the whole step alone (which says too little of longer
+            # contexts), but may be rejected or given up on it
             pre = x.step_factor("prefill") or (1.0, 1.0, 1.0)
-            att = x.step_factor("attention") if x.candidate.kv != x.incumbent.kv else None
+            att = x.step_factor("attention") if kv_change else None
+
+            def scale(k: int) -> StepScale:
+                if att is not None:
+                    return StepScale(prefill=pre[k], attention=att[k])
+                return StepScale(decode=dec[k], prefill=pre[k])
+
             t0, c0, f0 = time.perf_counter(), time.thread_time(), self.cost.forecasts
             try:
-                unf = self._corrected_gain(engine, x, StepScale(decode=dec[2], prefill=pre[2]))
-                if att is not None and unf is not None:
-                    unf_att = self._corrected_gain(engine, x, StepScale(prefill=pre[2], attention=att[2]))
-                    unf = None if unf_att is None else min(unf, unf_att)
-                elif x.candidate.kv != x.incumbent.kv:
-                    unf = None  # attention not told apart yet: no keeping on the whole step alone
-                mid = self._corrected_gain(engine, x, StepScale(decode=dec[0], prefill=pre[0]))
+                unf = self._corrected_gain(engine, x, scale(2)) if att is not None or not kv_change else None
+                mid = self._corrected_gain(engine, x, scale(0))
                 # the forecast that turns measured step times into a gain has its own error (this run's checked
                 # forecasts of staying): a gain kept on it clears that too, not the bar alone
-                if unf is not None and unf > x.bar + math.log1p(x.forecast_error):
+                if unf is not None and unf > x.bar + math.log1p(x.forecast_error) and pairs_agree:
                     x.corrected = (unf, mid, None)
                     return "kept"
-                fav = self._corrected_gain(engine, x, StepScale(decode=dec[1], prefill=pre[1]))
+                fav = self._corrected_gain(engine, x, scale(1))
                 x.corrected = (unf, mid, fav)
-                if fav is not None and fav < x.bar:
+                if (fav is not None and fav < x.bar) or (short and not kv_change):
                     return "rejected"
+                # futile: a pair past the least, and even its central estimate short of what keeping needs;
+                # more pairs would mostly cost the candidate's blocks (it stays where it was, as at its budget)
+                if obj.pairs > MIN_PAIRS and (mid is None or mid <= x.bar + math.log1p(x.forecast_error)):
+                    return "gave up"
             finally:
                 self._think(engine, t0, c0, self.cost.forecasts - f0)
         return "gave up" if obj.pairs >= x.max_pairs else None
@@ -662,6 +677,13 @@ class Tuner:
         self._drop_moved_checks(engine)
         fv = self._forecast_verdict(x)
         dec, pre = x.step_factor("decode"), x.step_factor("prefill")
+        att = x.step_factor("attention")
+        if x.candidate.kv != x.incumbent.kv and x.model is not None and (att or dec) is not None:
+            # what its steps measured stands for the type in later forecasts: its central factors against the
+            # model unscaled (an experiment's frozen model is), relative to the incumbent's
+            self._measured_scale[x.candidate.kv] = StepScale(
+                decode=1.0 if att is not None or dec is None else dec[0], prefill=pre[0] if pre else 1.0,
+                attention=None if att is None else att[0])
         unf, mid, fav = x.corrected or (None, None, None)
         g = "n/a" if r.gain is None else f"{r.gain:+.1%}"
         bounds = "" if r.low is None else f" (95%: {r.low:+.1%} to {r.high:+.1%})"
@@ -672,7 +694,8 @@ class Tuner:
             "" if unf is None else f" (at worst {math.expm1(unf):+.1%})")
         words = {"kept": f"kept: past its bar {x.bar:+.1%}",
                  "rejected": f"not kept: short of its bar {x.bar:+.1%}",
-                 "gave up": f"not kept: no verdict after {r.pairs} pairs, its budget",
+                 "gave up": f"not kept: no verdict after {r.pairs} pairs (its budget, or its central estimate "
+                            "short of what keeping needs)",
                  "ended": "the run ended before a verdict",
                  "abandoned": f"abandoned: the setting moved to {live.label()}"}
         why = (f"tune experiment: {_what(x.incumbent, x.candidate)} over {r.pairs} interleaved pairs: objective "
@@ -718,10 +741,13 @@ class Tuner:
 
     def _forecast_verdict(self, x: Experiment) -> str | None:
         """Whether the forecast that proposed it agrees with what the swarm measured. With step pairs: the
-        candidate's decode step times, relative to the incumbent's, as the model said (a factor of 1) within
-        their measured 95% bounds widened by AGREE_STEP (what a forecast's gain may carry). Without: the
-        forecast gain within the objective pairs' bounds. None with fewer pairs than a bound needs."""
+        candidate's decode step times (a KV type's attention), relative to the incumbent's, as the model said
+        (a factor of 1) within their measured 95% bounds widened by AGREE_STEP (what a forecast's gain may
+        carry). Without: the forecast gain within the objective pairs' bounds. None with fewer pairs than a
+        bound needs."""
         dec = x.step_factor("decode")
+        if x.candidate.kv != x.incumbent.kv and x.step_factor("attention") is not None:
+            dec = x.step_factor("attention")  # a KV type's model differs from the truth in its attention
         if dec is not None and x.model is not None:
             _, low, high = dec
             return "agrees" if low / (1 + AGREE_STEP) <= 1.0 <= high * (1 + AGREE_STEP) else "disagrees"
@@ -737,6 +763,16 @@ class Tuner:
             return None
         out = self._end(engine, "ended", self.setting(engine))
         return next((e for e in out if isinstance(e, Experimented)), None)
+
+    def _learned_scale(self, engine: Engine) -> dict[str, StepScale]:
+        """The step-time factors experiments measured, for the KV types whose model is still not their own
+        steps' fit (always, on the sim: its model is the stated card)."""
+        out = {}
+        for kv, sc in self._measured_scale.items():
+            own = engine.analysis.fit(kv)
+            if engine.backend.source == "simulated" or own is None or own.samples < MIN_OWN_FIT_SAMPLES:
+                out[kv] = sc
+        return out
 
     def _retry_blocked(self, engine: Engine, s: Setting, mean_ctx: float) -> bool:
         """A setting an experiment did not keep (or replaced), under conditions that have not moved since: the
