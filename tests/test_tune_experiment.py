@@ -46,7 +46,7 @@ def _drive(x: Experiment, seconds_of, blocks: int) -> list[str]:
 
 def _exp(**kw) -> Experiment:
     return Experiment(incumbent=A, candidate=B, goal=Goal(), n_agents=8, block_s=1.0, max_pairs=8, bar=0.01,
-                      forecast_gain=0.1, forecast_error=0.05, exploratory=False, started_s=0.0, **kw)
+                      forecast_gain=0.1, forecast_error=0.05, exploratory=False, **kw)
 
 
 def test_blocks_alternate_a_b_b_a_and_each_pair_is_two_consecutive_blocks():

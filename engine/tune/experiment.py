@@ -99,7 +99,6 @@ class Experiment:
     forecast_gain: float | None  # the proposal's forecast (modeled)
     forecast_error: float  # the forecast's own error as stated (modeled or measured)
     exploratory: bool  # proposed within the forecast's error: an experiment, accounted as one
-    started_s: float
     model: StepModel | None = None  # the tuner's step model, frozen at the start
     blocks: list[Block] = field(default_factory=list)
     diffs: list[float] = field(default_factory=list)  # per pair: log(B / A) of the objective
@@ -208,11 +207,9 @@ class Experiment:
         half = t95(n - 1) * sd / math.sqrt(n)
         return Result(n, math.expm1(m), math.expm1(m - half), math.expm1(m + half), sd)
 
-    def pairs(self) -> int:
-        return len(self.diffs)
-
     def switches_made(self) -> int:
-        """Block boundaries where the setting changed (ABBA: every second one), and the way back at the end."""
+        """Block boundaries where the setting changed (ABBA: every second one); the way back at its end, if
+        any, is the tuner's switch, counted in its cost."""
         return sum(a.which != b.which for a, b in zip(self.blocks, self.blocks[1:], strict=False))
 
     def seconds_on(self, which: str) -> float:

@@ -499,7 +499,7 @@ class Tuner:
         sim = self._simulator(engine)
         self._exp = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
                                max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
-                               exploratory=exploratory, started_s=now,
+                               exploratory=exploratory,
                                model=None if sim is None else SimStepCost(sim))
         self.cost.experiments += 1
         what = _what(cur, best)
