@@ -118,3 +118,28 @@ def test_a_kv_types_measured_factor_goes_on_attention_and_is_clamped():
     assert attention_factor(1.2, 0.5) == pytest.approx(1.4)  # half the step attention: 1.2x whole is 1.4x on it
     assert attention_factor(3.0, 0.9) == ATTENTION_MAX_FACTOR  # a small share's noise is bounded
     assert attention_factor(1.0, 0.999) is None
+
+
+def test_the_incumbents_own_noise_lets_one_pair_reject_but_never_keep():
+    """Blocks of the incumbent before the experiment give the run's noise; on one pair a candidate far short
+    of its bar is rejected on it, and one far past it is not kept (that waits for MIN_PAIRS pairs)."""
+    x = _exp(model=_Model())
+    jitter = [0.1, 0.104, 0.097, 0.102, 0.099, 0.103, 0.098, 0.101]  # about 2% step to step
+    before = [_rec(0.1 * i, "f16", jitter[i % len(jitter)]) for i in range(80)]
+    noise = x.measure_noise(before)
+    assert noise is not None and noise.sd["objective"][1] >= 3 and 0 < noise.sd["objective"][0] < 0.05
+    assert "decode" in noise.sd
+    _drive(x, lambda s, t: 0.1 if s is A else 0.14, blocks=2)  # B 40% slower per step: one pair
+    r = x.early_result()
+    assert r is not None and r.pairs == 1 and r.high is not None and r.high < 0
+    dec = x.early_step_factor("decode")
+    assert dec is not None and dec[1] > 1.2  # even its favourable bound: B's steps slower than modeled
+    assert x.step_factor("decode") is None and x.result().low is None  # the pairs' own spread: not yet
+    # without a measured noise there is nothing to reject on
+    y = _exp(model=_Model())
+    _drive(y, lambda s, t: 0.1 if s is A else 0.14, blocks=2)
+    assert y.early_result() is None and y.early_step_factor("decode") is None
+    # and too few steps before it (fewer than MIN_NOISE_DIFFS differences of blocks) measure nothing
+    from swarmtune.engine.tune.experiment import MIN_NOISE_DIFFS
+
+    assert _exp(model=_Model()).measure_noise(before[:10 * MIN_NOISE_DIFFS]) is None

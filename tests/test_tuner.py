@@ -2,6 +2,7 @@
 measured, keeps to the KV types it is allowed, holds still when nothing changes, counts what it spends,
 says every decision in a record, and its forecasts run on a real backend from what this run measured."""
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -372,3 +373,41 @@ def test_a_tuner_whose_thinking_is_dear_thinks_less_and_says_what_it_spent():
     assert cheap.cost.looks_skipped == 0
     # it thought no more than its share of the run (and the epoch's credit)
     assert dear.cost.think_s <= dear.goal.think_share * (120.0 + dear.goal.epoch_s) + 0.5 * 8
+
+
+def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch):
+    """On a real backend (here the simulated card with its steps taken as measured) a KV type that has not
+    run, been probed or been measured in an experiment is forecast on another type's step times: its
+    forecast gain, however large, is within an error nothing measured, so a trial of it is an exploration
+    (from that budget), and the trial says why. On the simulated card, whose model states every type, it
+    is timed."""
+    p = profile(SIM)
+    s = EngineSettings(agents=4, ctx_per_agent=p.context_per_agent, gen_tokens=64, tool_tokens=128, seed=1,
+                       check=False)
+    goal = Goal(allowed_kv=("f16", "q8_0"), run_s=300.0, explore_share=0.0, **FAST)  # too short to probe
+    e = Engine(_TimedSim(p), s, tuner=Tuner(goal), autotune=True)
+    for _ in range(40):
+        e.step()
+    assert e.tuner._timed(e, "f16") and not e.tuner._timed(e, "q8_0")
+    sim = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"))), autotune=True)
+    assert sim.tuner._timed(sim, "q8_0")
+    # a forecast that q8_0 gains 40% (past any margin and error) still proposes it only as an exploration
+    cur = Setting(4, "f16", "keep")
+    base = e.tuner.forecast(e, cur)
+    assert base is not None
+    real_forecast = Tuner.forecast
+
+    def better_q8(self, engine, setting, seeds=None, scale=None):
+        runs = real_forecast(self, engine, setting, seeds, scale)
+        if runs is not None and setting.kv == "q8_0":
+            for run in runs:
+                run[-1].tokens = int(run[-1].tokens * 1.4)
+        return runs
+
+    monkeypatch.setattr(Tuner, "forecast", better_q8)
+    monkeypatch.setattr(Tuner, "candidates", lambda self, engine, c: [Setting(4, "q8_0", "keep")])
+    assert e.tuner._propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
+    e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
+    trial = e.tuner._propose(e, cur, base, kv_only=True)
+    assert trial is not None and trial.to.kv == "q8_0" and trial.exploratory, trial
+    assert "never timed here" in trial.why

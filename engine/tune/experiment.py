@@ -24,6 +24,13 @@ n >= 3 pairs, mean m and standard error se, its one-sided 95% bounds are m -/+ t
 degrees of freedom). The tuner keeps the candidate where even the unfavourable bound clears the bar,
 rejects it where even the favourable one falls short, and otherwise runs another pair, up to `max_pairs`:
 then it gives up, without a verdict, back at the incumbent.
+
+Before the third pair the spread of the pairs cannot be known, but the run's noise can: the incumbent's
+own steps before the experiment, cut into blocks of the same length, differ from block to block by what
+a pair would differ by if the candidate changed nothing (`Noise`). On one or two pairs the bounds take
+that spread (Student's t for its own degrees of freedom), and they may only reject: a candidate much
+worse than its forecast (a KV type this CPU reads slowly) costs one pair instead of three. Keeping
+always waits for the pairs' own spread.
 """
 
 import math
@@ -76,6 +83,22 @@ class Block:
 
 
 @dataclass
+class Noise:
+    """How much consecutive blocks of the incumbent differed before the experiment, per measure (the
+    objective's log, and each kind of step's residual against the model): the standard deviation of their
+    log differences and over how many differences (measured). What one pair would differ by where the
+    candidate changed nothing."""
+
+    sd: dict[str, tuple[float, int]]
+
+
+MIN_NOISE_DIFFS = 3  # a noise from fewer block differences is not used: t for 1 df is 6.3
+# the least spread a block difference is taken to have: a swarm whose blocks happened to agree (a simulated
+# card has no jitter) does not make one pair a proof
+NOISE_FLOOR = 0.01
+
+
+@dataclass
 class Result:
     """What an experiment measured: the candidate's gain over the incumbent (a relative change of the
     objective, positive is better) with its one-sided 95% bounds, over how many pairs."""
@@ -109,6 +132,7 @@ class Experiment:
     # the candidate's gain (log) forecast again on its measured step times: (unfavourable, central,
     # favourable), as far as the last verdict computed them
     corrected: tuple[float | None, float | None, float | None] | None = None
+    noise: Noise | None = None  # the incumbent's block-to-block noise before it began (measured), if known
 
     def __post_init__(self) -> None:
         self.blocks.append(Block("A"))  # the incumbent, as it runs: no switch before it
@@ -195,6 +219,63 @@ class Experiment:
         m = statistics.fmean(d)
         half = t95(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
         return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+    def early_step_factor(self, kind: str) -> tuple[float, float, float] | None:
+        """As step_factor on one or two pairs, its bounds from the incumbent's noise before the experiment
+        (or the pairs' own spread where that is wider); None without that noise. Only a rejection may rest
+        on it."""
+        d = self.step_diffs.get(kind, [])
+        half = self._early_half(kind, d)
+        if not d or half is None:
+            return None
+        m = statistics.fmean(d)
+        return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+    def early_result(self) -> Result | None:
+        """As result() on one or two pairs, its bounds from the incumbent's noise; None without it."""
+        half = self._early_half("objective", self.diffs)
+        if not self.diffs or half is None:
+            return None
+        m = statistics.fmean(self.diffs)
+        return Result(len(self.diffs), math.expm1(m), math.expm1(m - half), math.expm1(m + half),
+                      self.noise.sd["objective"][0] if self.noise else None)
+
+    def _early_half(self, measure: str, d: list[float]) -> float | None:
+        if self.noise is None or measure not in self.noise.sd or not d:
+            return None
+        sd, n = self.noise.sd[measure]
+        sd = max(sd, NOISE_FLOOR)
+        if len(d) >= 2:
+            sd = max(sd, statistics.stdev(d))
+        return t95(n - 1) * sd / math.sqrt(len(d))
+
+    def measure_noise(self, records: list[StepRecord]) -> Noise | None:
+        """The incumbent's noise from its steps before the experiment (all at the incumbent's setting, oldest
+        first): cut into blocks as an experiment's, the log differences of consecutive blocks' objective and
+        residuals. None from fewer than MIN_NOISE_DIFFS differences."""
+        blocks: list[Block] = [Block("A")]
+        for r in records:
+            b = blocks[-1]
+            if r.kind in ("tune", "rebuild"):
+                continue
+            b.tally.add(r)
+            b.decode_steps += r.kind == "decode"
+            self._time(b, r)
+            if b.decode_steps >= MIN_BLOCK_DECODE_STEPS and b.tally.seconds >= self.block_s:
+                blocks.append(Block("A"))
+        closed = blocks[:-1]
+        if len(closed) < MIN_NOISE_DIFFS + 1:
+            return None
+        scores = [b.tally.score(self.goal, self.n_agents) for b in closed]
+        objective = [_log_ratio(y, x) for x, y in zip(scores, scores[1:], strict=False)]
+        sd = {"objective": (statistics.stdev(objective), len(objective))}
+        for kind in ("decode", "prefill"):
+            res = [b.residual(kind) for b in closed]
+            d = [y - x for x, y in zip(res, res[1:], strict=False) if x is not None and y is not None]
+            if len(d) >= MIN_NOISE_DIFFS:
+                sd[kind] = (statistics.stdev(d), len(d))
+        self.noise = Noise(sd=sd)
+        return self.noise
 
     def result(self) -> Result:
         n = len(self.diffs)

@@ -21,6 +21,7 @@ Forecasts draw tool latencies from their own stream: the tuner does not know the
 
 import math
 import time
+from collections import deque
 from dataclasses import replace
 
 from swarmtune.engine.backend import NoKVSlot
@@ -67,6 +68,9 @@ TOLERANCE = 0.01
 # within this of what its model said (beyond the measured bounds): a 5% step-time error moves a forecast
 # gain by about as much
 AGREE_STEP = 0.05
+# the incumbent's steps before an experiment that measure the run's noise (engine seconds): enough blocks
+# for a few differences, not so long ago that the swarm was another
+NOISE_WINDOW_S = 40.0
 
 
 class Tuner:
@@ -97,6 +101,8 @@ class Tuner:
         self._exp: Experiment | None = None
         self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
         self._explored_s = 0.0  # engine seconds of exploratory experiments
+        # the last NOISE_WINDOW_S of steps and the setting each ran at: the noise an experiment starts with
+        self._recent: deque[tuple[StepRecord, Setting]] = deque()
 
     # what the engine calls after every record
     def observe(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
@@ -106,6 +112,7 @@ class Tuner:
             self._epoch_start_s = now
         self._learn(rec)
         self._account(rec)
+        self._remember(rec, self.setting(engine))
         if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
             # forecasting (its seconds are the tuner's probe cost), once per type and run
@@ -139,6 +146,20 @@ class Tuner:
             self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
         if cells:
             self._switches = (self._switches + [(float(cells), seconds)])[-16:]
+
+    def _remember(self, rec: StepRecord, setting: Setting) -> None:
+        self._recent.append((rec, setting))
+        while self._recent and self._recent[0][0].t < rec.t - NOISE_WINDOW_S:
+            self._recent.popleft()
+
+    def _steps_at(self, setting: Setting) -> list[StepRecord]:
+        """The last steps, oldest first, since the setting last moved to this one (no rebuild among them)."""
+        out: list[StepRecord] = []
+        for rec, s in reversed(self._recent):
+            if s != setting or rec.kind == "rebuild":
+                break
+            out.append(rec)
+        return out[::-1]
 
     def _fit_matured(self, engine: Engine) -> bool:
         """A first look that changed nothing was made on a fit of a few steps (a real backend's model of this
@@ -474,7 +495,11 @@ class Tuner:
         per_seed = [_gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
                     for h, b in zip(forecasts[best], base, strict=True)]
         spread = _spread(per_seed) or 0.0
-        exploratory = gain < self.goal.margin + max(spread, error)
+        # a KV type never timed on this machine is forecast on another type's step times and its bytes: how
+        # far off that is, nothing here has measured (q8_0 forecast +22-38% ran 30% slower on an AVX2 EPYC),
+        # so its gain is within an error of unknown size: an experiment only from the exploration budget
+        untimed = best.kv != cur.kv and not self._timed(engine, best.kv)
+        exploratory = untimed or gain < self.goal.margin + max(spread, error)
         if exploratory and gain <= -error:
             return None  # forecast worse past its own error: not worth an experiment
         block_s = self._block_s(engine, cur, best)
@@ -501,18 +526,31 @@ class Tuner:
                                max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
                                exploratory=exploratory,
                                model=None if sim is None else SimStepCost(sim))
+        noise = self._exp.measure_noise(self._steps_at(cur))
         self.cost.experiments += 1
         what = _what(cur, best)
         why = (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s (modeled), "
-               + (f"within its error ±{error:.0%}: an experiment from the exploration budget"
+               + ("on a KV type never timed here: an experiment from the exploration budget" if untimed else
+                  f"within its error ±{error:.0%}: an experiment from the exploration budget"
                   if exploratory else f"past its error ±{error:.0%} and the margin")
                + f"; tried against {cur.label()} in interleaved blocks of {block_s:.1f} s, kept only if "
-                 f"{MIN_PAIRS}-{max_pairs} pairs measure it past {bar:+.1%} at {CONFIDENCE:.0%}")
+                 f"{MIN_PAIRS}-{max_pairs} pairs measure it past {bar:+.1%} at {CONFIDENCE:.0%}"
+               + ("" if noise is None else
+                  f"; rejected from its first pair where it falls short by more than the incumbent's own "
+                  f"block-to-block noise (±{noise.sd['objective'][0]:.1%} over {noise.sd['objective'][1]} "
+                  "differences, measured)"))
         return Trial(from_=cur, to=best, objective=self.goal.objective, forecast_gain=round(gain, 4),
                      forecast_gain_source="modeled", forecast_error=round(error, 4),
                      forecast_error_source=self._error_source(len(self.spans_for(horizon)) - 1),
                      exploratory=exploratory, block_s=round(block_s, 3), max_pairs=max_pairs, bar=round(bar, 4),
                      mean_context=round(mean_ctx, 1), why=why)
+
+    def _timed(self, engine: Engine, kv: str) -> bool:
+        """This machine's step times at a KV type are known: the sim's card states them; on a real backend a
+        fit of its own steps, a probe in a side cache, or what an experiment measured of it."""
+        if engine.backend.source == "simulated" or kv in self._measured_scale:
+            return True
+        return not self.step_time_source(engine, kv).startswith("borrowed")
 
     def _switch_s(self, engine: Engine, a: Setting, b: Setting) -> float:
         """What one switch between two settings is expected to cost: nothing but a KV switch's rebuild, at
@@ -582,7 +620,7 @@ class Tuner:
         budget's churn against the candidate, not the setting.)"""
         obj = x.result()
         if obj.pairs < MIN_PAIRS:
-            return None
+            return self._judge_early(engine, x)
         dec = x.step_factor("decode")
         short = obj.high is not None and math.log1p(obj.high) < x.bar  # the objective's pairs, measured short
         # a cap or a residency changes no step's cost, only what the swarm does with its steps: the model's
@@ -627,6 +665,29 @@ class Tuner:
             finally:
                 self._think(engine, t0, c0, self.cost.forecasts - f0)
         return "gave up" if obj.pairs >= x.max_pairs else None
+
+    def _judge_early(self, engine: Engine, x: Experiment) -> str | None:
+        """On one or two pairs: "rejected" where, with the incumbent's own noise before the experiment for
+        their spread, even the favourable bound falls short of the bar (as _judge decides with three or more:
+        on the step times forecast again for a KV type, on the objective's pairs for the others), else None.
+        Nothing is kept on so few pairs."""
+        obj = x.early_result()
+        kv_change = x.candidate.kv != x.incumbent.kv
+        if not kv_change or x.model is None:
+            return "rejected" if obj is not None and obj.high is not None and math.log1p(obj.high) < x.bar else None
+        dec = x.early_step_factor("decode")
+        if dec is None or self._thinking_spent(engine.now_s()):
+            return None
+        pre = x.early_step_factor("prefill") or (1.0, 1.0, 1.0)
+        t0, c0, f0 = time.perf_counter(), time.thread_time(), self.cost.forecasts
+        try:
+            fav = self._corrected_gain(engine, x, StepScale(decode=dec[1], prefill=pre[1]))
+        finally:
+            self._think(engine, t0, c0, self.cost.forecasts - f0)
+        if fav is not None and fav < x.bar:
+            x.corrected = (None, None, fav)
+            return "rejected"
+        return None
 
     def _corrected_gain(self, engine: Engine, x: Experiment, sc: StepScale) -> float | None:
         """log of the objective's gain of the candidate over the incumbent, forecast over what is left of the
@@ -676,8 +737,12 @@ class Tuner:
         self._epoch_start_s = engine.now_s()  # the next look an epoch from now, on the setting it holds
         self._drop_moved_checks(engine)
         fv = self._forecast_verdict(x)
-        dec, pre = x.step_factor("decode"), x.step_factor("prefill")
+        # on fewer than MIN_PAIRS pairs (rejected early), the factors with the incumbent's noise for a spread
+        dec = x.step_factor("decode") or x.early_step_factor("decode")
+        pre = x.step_factor("prefill") or x.early_step_factor("prefill")
         att = x.step_factor("attention")
+        if r.pairs < MIN_PAIRS and (early := x.early_result()) is not None:
+            r = early
         if x.candidate.kv != x.incumbent.kv and x.model is not None and (att or dec) is not None:
             # what its steps measured stands for the type in later forecasts: its central factors against the
             # model unscaled (an experiment's frozen model is), relative to the incumbent's
@@ -745,14 +810,16 @@ class Tuner:
         (a factor of 1) within their measured 95% bounds widened by AGREE_STEP (what a forecast's gain may
         carry). Without: the forecast gain within the objective pairs' bounds. None with fewer pairs than a
         bound needs."""
-        dec = x.step_factor("decode")
+        dec = x.step_factor("decode") or x.early_step_factor("decode")
         if x.candidate.kv != x.incumbent.kv and x.step_factor("attention") is not None:
             dec = x.step_factor("attention")  # a KV type's model differs from the truth in its attention
         if dec is not None and x.model is not None:
             _, low, high = dec
             return "agrees" if low / (1 + AGREE_STEP) <= 1.0 <= high * (1 + AGREE_STEP) else "disagrees"
         r = x.result()
-        if x.forecast_gain is None or r.pairs < MIN_PAIRS or r.low is None or r.high is None:
+        if r.pairs < MIN_PAIRS:
+            r = x.early_result() or r  # one or two pairs: their spread the incumbent's noise, where measured
+        if x.forecast_gain is None or (r.pairs < MIN_PAIRS and x.noise is None) or r.low is None or r.high is None:
             return None
         return "agrees" if r.low <= x.forecast_gain <= r.high else "disagrees"
 
