@@ -46,6 +46,10 @@ class StepAnalysis:
         c = self._calibrations.get(kv)
         return c.fit if c is not None else None
 
+    def measured_kv(self) -> list[str]:
+        """The KV settings some steps were timed at (types, or K/V pairs as "q8_0/f16")."""
+        return list(self._calibrations)
+
     def calibration(self, kv: str) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())
 

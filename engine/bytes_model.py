@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from swarmtune.engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.kv_types import KV_TYPES, kv_pair
 
 ROUTING_MODELED = "modeled: uniform routing, E(1 - (1 - k/E)^B) distinct experts per layer"
 SWA_CELL_PAD = 256  # llama.cpp pads each SWA stream to a multiple of 256 cells (llama-kv-cache-iswa.cpp)
@@ -61,6 +61,9 @@ class ByteModel:
     kv_values_per_layer: tuple[float, ...] = ()  # K and V elements one token adds to each layer's cache (0: no KV)
     window_per_layer: tuple[int, ...] = ()  # tokens each layer attends to; 0 = the whole context
     state_bytes: float = 0.0  # s: one agent's recurrent state, f32 conv (r) and state (s) rows over recurrent layers
+    # K's share of kv_values_per_layer (its head size over K's and V's): what a K/V setting ("q8_0/f16")
+    # stores at each type; a half where the two heads are alike, as in most models
+    k_share: float = 0.5
     source: str = ""  # where the numbers came from
     notes: tuple[str, ...] = field(default_factory=tuple)  # what the model leaves out for this architecture
     # per KV type: (bytes per token of the full-attention layers, (bytes, window) of each windowed layer).
@@ -135,8 +138,8 @@ class ByteModel:
 
     # KV
     def _layer_bytes(self, kv: str) -> list[float]:
-        t = kv_type(kv)
-        return [t.bytes_for(v) for v in self.kv_values_per_layer]
+        t = kv_pair(kv)  # K and V each at its own type
+        return [t.bytes_for(v, self.k_share) for v in self.kv_values_per_layer]
 
     def kv_bytes_per_token(self, kv: str, windowed: bool | None = None) -> float:
         """K and V of one token: all layers (None), only full-attention layers (False), only windowed ones (True)."""
@@ -185,16 +188,16 @@ class ByteModel:
         """
         n_ctx = _pad(n_seqs * ctx_per_seq, 256)
         cells_full = _pad(n_ctx // max(n_seqs, 1), 256)
-        t = kv_type(kv)
+        t = kv_pair(kv)
         out = {"kv": 0, "kv_swa": 0, "recurrent": 0}
         for v, w in zip(self.kv_values_per_layer, self.window_per_layer, strict=True):
             if v <= 0:
                 continue
             if w > 0:
                 cells = _pad(min(cells_full, w + n_ubatch), SWA_CELL_PAD)
-                out["kv_swa"] += int(t.bytes_for(v) * cells * n_seqs)
+                out["kv_swa"] += int(t.bytes_for(v, self.k_share) * cells * n_seqs)
             else:
-                out["kv"] += int(t.bytes_for(v) * cells_full * n_seqs)
+                out["kv"] += int(t.bytes_for(v, self.k_share) * cells_full * n_seqs)
         out["recurrent"] = int(self.state_bytes * max(n_seqs, 1))
         return out
 
@@ -293,6 +296,7 @@ class ByteModel:
             kv_values_per_layer=tuple(float(x) for x in d.get("kv_values_per_layer", ())),
             window_per_layer=tuple(int(x) for x in d.get("window_per_layer", ())),
             state_bytes=float(d.get("state_bytes", 0.0)),
+            k_share=float(d.get("k_share", 0.5)),  # older recordings: K and V alike
             source=str(d.get("source", "")),
             notes=tuple(str(x) for x in d.get("notes", ())),
         )
@@ -319,7 +323,7 @@ def bytes_model_from_header(h: dict[str, Any]) -> ByteModel | None:
     per_type = h.get("kv_bytes_per_token") or {}
     for name, k in per_type.items():
         if (name in KV_TYPES or name == UNKNOWN_KV) and k:
-            values = k / kv_type(as_kv_type(name)).bytes_for(1)
+            values = k / kv_pair(as_kv_type(name)).bytes_for(1)
             return ByteModel.dense(w, values, float(h.get("embd_row_bytes") or 0.0),
                                    source="dense W and k from the header (an older recording)") if w else None
     return None

@@ -220,7 +220,8 @@ class Engine:
             if batch_cap is not None:
                 check_batch_cap(batch_cap, n_agents)
             if kv is not None:
-                check_kv(kv)
+                kv = check_kv(kv)  # one spelling: "q8_0/q8_0" is "q8_0"
+                c = replace(c, kv=kv)
                 if self.s.kv_budget_bytes is not None:
                     budget = self.budget_tokens(kv)
                     if budget < min_context(self.s):

@@ -6,6 +6,7 @@ change something else."""
 from dataclasses import dataclass
 
 from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.kv_types import kv_pair
 
 # llama.cpp cache type -> vLLM's --kv-cache-dtype: vLLM quantizes KV to 8-bit float only
 VLLM_KV = {"f16": "auto", "bf16": "auto", "f32": "auto", "q8_0": "fp8"}
@@ -33,8 +34,9 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
         cells = min(cells, bm.budget_tokens(kv_budget_bytes, kv, batch_cap, ctx_per_agent))
         if cells < batch_cap * ctx_per_agent:
             notes.append(f"-c {cells}: what the KV budget holds at {kv}; each slot gets {cells // batch_cap} tokens")
-    ll = ["-np", str(batch_cap), "-ctk", kv, "-ctv", kv, "-c", str(cells)]
-    if kv != "f16":
+    t = kv_pair(kv)  # K and V apart: -ctk, -ctv
+    ll = ["-np", str(batch_cap), "-ctk", t.k.name, "-ctv", t.v.name, "-c", str(cells)]
+    if t.v.quantized:
         notes.append("a quantized V cache needs flash attention: add -fa on where your build does not default to it")
     if bm.has_swa:
         notes.append("windowed layers: leave --swa-full off (the default) so each slot keeps only its window")
@@ -47,8 +49,10 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
 
     v = ["vllm", "serve", "MODEL", "--max-num-seqs", str(batch_cap), "--max-model-len", str(ctx_per_agent)]
     vnotes = []
-    if kv in VLLM_KV:
+    if t.k == t.v and kv in VLLM_KV:
         v += ["--kv-cache-dtype", VLLM_KV[kv]]
+    elif t.k != t.v:
+        vnotes.append(f"KV {kv}: vLLM sets one type for K and V (--kv-cache-dtype); no flag for them apart")
     else:
         vnotes.append(f"KV {kv}: vLLM has no such cache type (fp8 is its only quantized KV)")
     if device_bytes and kv_budget_bytes:
@@ -63,7 +67,7 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
 
     z = ["zinc", "--parallel", str(batch_cap)]
     znotes = ["ZINC's flag names as its README gives them; its --kv-quant values not checked against a build here"]
-    if kv in ZINC_KV:
+    if t.k == t.v and kv in ZINC_KV:
         z += ["--kv-quant", ZINC_KV[kv]]
     else:
         znotes.append(f"KV {kv}: no ZINC --kv-quant equivalent")

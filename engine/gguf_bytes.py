@@ -218,6 +218,7 @@ def bytes_model_from_gguf(reader, arch: str, n_layer_all: int, n_embd: int, n_he
         kv_values_per_layer=tuple(kv_values),
         window_per_layer=tuple(windows),
         state_bytes=float(per_layer_state * sum(recurrent)),
+        k_share=hk / (hk + hv) if hk + hv > 0 else 0.5,
         source=source,
         notes=tuple(notes),
     )

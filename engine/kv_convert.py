@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.kv_types import kv_pair
 
 STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic, first in every sequence state
 
@@ -189,15 +189,17 @@ def parse(state: bytes | memoryview, n_layer: int) -> _Layout:
 
 
 def rotation(kv: str, head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
-    """(K, V): the size of the Hadamard matrix llama.cpp rotates a cache of type kv by, 0 for none."""
-    if os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0") or not kv_type(kv).quantized:
+    """(K, V): the size of the Hadamard matrix llama.cpp rotates a cache of setting kv by, 0 for none: K's
+    where K's type is quantized, V's where V's is (llama-kv-cache.cpp decides each apart)."""
+    t = kv_pair(kv)
+    if os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"):
         return 0, 0
     k = 0
-    if head_dim_k > 0 and head_dim_k % 64 == 0:
+    if t.k.quantized and head_dim_k > 0 and head_dim_k % 64 == 0:
         k = 64
         while head_dim_k % (2 * k) == 0:
             k *= 2
-    v = 64 if head_dim_v > 0 and head_dim_v % 64 == 0 else 0
+    v = 64 if t.v.quantized and head_dim_v > 0 and head_dim_v % 64 == 0 else 0
     return k, v
 
 
@@ -212,35 +214,38 @@ def hadamard(n: int) -> np.ndarray:
 
 def convert(state: bytes | memoryview, n_layer: int, to_kv: str, threads: int = 2,
             rot_from: tuple[int, int] = (0, 0), rot_to: tuple[int, int] = (0, 0)) -> bytearray:
-    """The same state with every K and V row in type to_kv. rot_from, rot_to: the (K, V) Hadamard sizes
-    of the old and the new cache (rotation())."""
+    """The same state with every K row in to_kv's K type and every V row in its V type ("q8_0/f16": K at
+    q8_0, V at f16). rot_from, rot_to: the (K, V) Hadamard sizes of the old and the new cache (rotation())."""
     layout = parse(state, n_layer)
     g = ggml()
-    new_t = kv_type(to_kv).ggml_type
+    pair = kv_pair(to_kv)
+    new_types = (pair.k.ggml_type, pair.v.ggml_type)
     src = memoryview(state).cast("B")  # a ctypes array views as "<B"
     plan = []
     out_size = layout.size
     for i, r in enumerate(layout.rows):
         per_row = g.values_per_row(r.ggml_type, r.row_bytes)
         kv_i = 0 if i < n_layer else 1  # K tensors first, then V
+        new_t = new_types[kv_i]
         if rot_from[kv_i] != rot_to[kv_i] and per_row % max(rot_from[kv_i], rot_to[kv_i]):
             raise Unconvertible(f"rows of {per_row} values do not split into the cache's rotation")
         new_row = g.lib.ggml_row_size(new_t, per_row)
         if per_row % g.traits(new_t).blck_size:
             raise Unconvertible(f"rows of {per_row} values are no whole number of {to_kv} blocks")
-        plan.append((r, per_row, new_row, rot_from[kv_i] or rot_to[kv_i] if rot_from[kv_i] != rot_to[kv_i] else 0))
+        plan.append((r, per_row, new_row, rot_from[kv_i] or rot_to[kv_i] if rot_from[kv_i] != rot_to[kv_i] else 0,
+                     new_t))
         out_size += r.rows * (new_row - r.row_bytes)
     out = bytearray(out_size)
     dst = memoryview(out)
     jobs = []
     s_at = d_at = 0
-    for r, per_row, new_row, rot in plan:
+    for r, per_row, new_row, rot, new_t in plan:
         head = r.head - s_at
         dst[d_at:d_at + head] = src[s_at:r.head]  # everything between this tensor and the last
         d_at += head
         struct.pack_into("<iQ", out, d_at, new_t, new_row)
         d_at += 12
-        jobs.append((r, per_row, d_at, new_row, rot))
+        jobs.append((r, per_row, d_at, new_row, rot, new_t))
         d_at += r.rows * new_row
         s_at = r.data + r.rows * r.row_bytes
     dst[d_at:] = src[s_at:]
@@ -248,8 +253,8 @@ def convert(state: bytes | memoryview, n_layer: int, to_kv: str, threads: int = 
     src_at = np.frombuffer(src, dtype=np.uint8).ctypes.data  # read-only states too: ggml only reads them
     dst_at = np.frombuffer(out, dtype=np.uint8).ctypes.data
 
-    def one(job: tuple[_Rows, int, int, int, int]) -> None:
-        r, per_row, at, new_row, rot = job
+    def one(job: tuple[_Rows, int, int, int, int, int]) -> None:
+        r, per_row, at, new_row, rot, new_t = job
         n = r.rows * per_row
         f32 = np.empty(n, dtype=np.float32)
         g.to_f32(r.ggml_type, src_at + r.data, n, f32)

@@ -19,7 +19,7 @@ import numpy as np
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.errors import Interrupted, UserError
-from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.kv_types import kv_pair
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.moe_routing import RoutingCounter
 from swarmtune.engine.sampling import SamplingParams
@@ -158,9 +158,10 @@ class LlamaBackend:
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
     # the cache
-    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int):
-        """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV type kv."""
-        t = kv_type(kv)
+    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int, outputs: bool = False):
+        """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
+        or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
+        t = kv_pair(kv)
         cp = ll.llama_context_default_params()
         cp.n_seq_max = n_seqs
         cp.n_ctx = n_seqs * ctx_per_seq
@@ -168,8 +169,8 @@ class LlamaBackend:
         cp.n_ubatch = cp.n_batch
         cp.n_threads = self.n_threads
         cp.n_threads_batch = self.n_threads
-        cp.type_k = t.ggml_type
-        cp.type_v = t.ggml_type
+        cp.type_k = t.k.ggml_type
+        cp.type_v = t.v.ggml_type
         cp.kv_unified = False
         # a quantized V cache needs flash attention
         fa_on = self.flash_attn or t.quantized
@@ -182,6 +183,8 @@ class LlamaBackend:
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
+        if outputs:
+            return ctx
         if cp.n_batch > self._batch_cap:
             ll.llama_batch_free(self.batch)
             self.batch = ll.llama_batch_init(cp.n_batch, 0, 1)
@@ -189,7 +192,7 @@ class LlamaBackend:
         return ctx
 
     def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
-        kv_type(kv)  # a bad type is refused before the live cache is closed
+        kv_pair(kv)  # a bad setting is refused before the live cache is closed
         self._close_ctx()
         log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
@@ -224,6 +227,18 @@ class LlamaBackend:
             (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers,
              self._grammars) = live
 
+    @contextmanager
+    def scorer(self, kv: str, n_ctx: int) -> Iterator["Scorer"]:
+        """A second context of this model at a KV setting (K/V types apart: "q8_0/f16"), one sequence of
+        n_ctx cells, that teacher-forces windows of tokens and gives their logits (engine/kv_quality.py). The
+        live cache is not touched."""
+        kv_pair(kv)  # a bad setting is one line before anything is made
+        ctx = self._new_context(kv, 1, n_ctx, outputs=True)
+        try:
+            yield Scorer(ctx, self.n_vocab, self.max_chunk_tokens)
+        finally:
+            ll.llama_free(ctx)
+
     def _close_ctx(self) -> None:
         self._ctx_stack.close()
         self._ctx_stack = ExitStack()
@@ -247,6 +262,11 @@ class LlamaBackend:
             buf = (ll.llama_token * -n)()
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, False, True)
         return list(buf[:n])
+
+    def bos_token(self) -> int | None:
+        """The BOS token where this model's vocabulary adds one at a text's start, else None."""
+        tok = ll.llama_vocab_bos(self.vocab)
+        return tok if tok >= 0 and ll.llama_vocab_get_add_bos(self.vocab) else None
 
     def piece(self, token: int) -> str:
         p = self._pieces.get(token)
@@ -475,7 +495,7 @@ class LlamaBackend:
         bm = self.facts.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not all(self.flash_attn or kv_type(k).quantized for k in (kv_from, kv_to)):
+        if not all(self.flash_attn or kv_pair(k).quantized for k in (kv_from, kv_to)):
             return "V is stored transposed without flash attention"
         return None
 
@@ -507,6 +527,44 @@ class LlamaBackend:
         out = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
         ll.llama_memory_seq_rm(self.mem, seq, pos, -1)
         return out
+
+
+class Scorer:
+    """One sequence in its own context: a window of tokens in, the logits of its positions from `first` on
+    out (a row per position, float32), teacher-forced, as llama-perplexity computes them."""
+
+    def __init__(self, ctx, n_vocab: int, n_batch: int) -> None:
+        self.ctx, self.n_vocab, self.n_batch = ctx, n_vocab, n_batch
+        self.mem = ll.llama_get_memory(ctx)
+
+    def logits(self, tokens: list[int], first: int) -> np.ndarray:
+        if not 0 <= first < len(tokens):
+            raise ValueError(f"first position {first} outside a window of {len(tokens)} tokens")
+        ll.llama_memory_clear(self.mem, True)
+        out = np.empty((len(tokens) - first, self.n_vocab), dtype=np.float32)
+        batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        try:
+            row = 0
+            for start in range(0, len(tokens), self.n_batch):
+                chunk = tokens[start:start + self.n_batch]
+                batch.n_tokens = len(chunk)
+                wanted = 0
+                for j, tok in enumerate(chunk):
+                    pos = start + j
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = 1 if pos >= first else 0
+                    wanted += pos >= first
+                rc = ll.llama_decode(self.ctx, batch)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc} in a scoring context")
+                if wanted:
+                    got = np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(wanted, self.n_vocab))
+                    out[row:row + wanted] = got
+                    row += wanted
+            return out
+        finally:
+            ll.llama_batch_free(batch)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
 from swarmtune.engine.gguf_header import GGUFHeader, HeaderError
-from swarmtune.engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.kv_types import KV_TYPES, kv_pair
 
 GGUF_MAGIC = b"GGUF"
 
@@ -37,7 +37,7 @@ class ModelFacts:
     def kv_bytes_per_token(self, kv: str) -> float:
         """K and V of one token over all layers with a KV cache, block scales included.
         On windowed layers a token stops costing reads once it leaves the window: see bytes_model.kv_read_bytes."""
-        return kv_type(kv).bytes_for(self.kv_values_per_token)
+        return kv_pair(kv).bytes_for(self.kv_values_per_token, self.bytes_model.k_share)
 
     def kv_bytes_per_token_all(self) -> dict[str, float]:
         return {name: self.kv_bytes_per_token(name) for name in KV_TYPES}

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVType, kv_type
+from swarmtune.engine.kv_types import kv_pair
 
 MAX_AGENTS = 256
 
@@ -27,8 +27,9 @@ def check_batch_cap(cap: int, agents: int) -> int:
     return cap
 
 
-def check_kv(name: str) -> KVType:
-    return kv_type(name)
+def check_kv(name: str) -> str:
+    """A KV setting in its one spelling: a type ("q8_0": K and V alike) or K/V types ("q8_0/f16")."""
+    return kv_pair(name).label
 
 
 RESIDENCY = ("keep", "swap", "drop")
@@ -89,7 +90,7 @@ class EngineSettings:
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
 
     def validate(self, n_ctx_train: int) -> None:
-        check_kv(self.kv)
+        self.kv = check_kv(self.kv)  # one spelling: "q8_0/q8_0" is "q8_0"
         check_agents(self.agents)
         check_batch_cap(min(self.batch_cap, self.agents), self.agents)  # a cap above the agents is all of them
         check_at_least_one("gen tokens", self.gen_tokens)

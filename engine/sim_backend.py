@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
-from swarmtune.engine.kv_types import KV_TYPES, kv_type
+from swarmtune.engine.kv_types import KV_TYPES, kv_pair
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.profiles import Profile
 from swarmtune.engine.sampling import SamplingParams
@@ -94,7 +94,7 @@ class SimBackend:
         self.kv_buffer_bytes: int | None = None
 
     def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
-        kv_type(kv)
+        kv_pair(kv)
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._len = {}
         # what llama.cpp would allocate: full-attention cells, each stream's window, recurrent state
@@ -117,7 +117,7 @@ class SimBackend:
     @contextmanager
     def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
         """A second, temporary cache, as on the real backend: the live one is back as it was after."""
-        kv_type(kv)
+        kv_pair(kv)
         live = (self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq)
         self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq = {}, {}, kv, n_seqs, ctx_per_seq
         try:
@@ -205,7 +205,7 @@ class SimBackend:
         kv = kv or self.kv
         ctx = contexts if contexts is not None else [total_context / max(batch, 1)] * batch
         step_bytes = p.bytes_model.step_bytes(kv, ctx)
-        factor = dict(p.kv_cost_factor).get(kv, 1.0)
+        factor = _kv_cost(p, kv)
         if factor != 1.0:  # the KV read alone costs more (or less) than its bytes
             weights = p.bytes_model.step_bytes(kv, [0.0] * len(ctx))
             step_bytes = weights + factor * (step_bytes - weights)
@@ -275,3 +275,13 @@ class SimBackend:
     def cells(self, seq: int) -> tuple[int, int]:
         n = self._len.get(seq, 0)
         return (0, n - 1) if n else (-1, -1)
+
+
+def _kv_cost(p, kv: str) -> float:
+    """The card's factor on a KV setting's read (Profile.kv_cost_factor): the setting's own where named, else
+    K's and V's types' own, half each (a type not named costs 1)."""
+    named = dict(p.kv_cost_factor)
+    if kv in named:
+        return named[kv]
+    t = kv_pair(kv)
+    return 0.5 * named.get(t.k.name, 1.0) + 0.5 * named.get(t.v.name, 1.0)

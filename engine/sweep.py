@@ -8,7 +8,7 @@ from pathlib import Path
 
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.bytes_model import ByteModel
-from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.kv_types import kv_pair
 from swarmtune.engine.probe import fill, time_decode
 from swarmtune.engine.speedup import predicted_speedup
 from swarmtune.engine.step_model import Calibration
@@ -58,7 +58,7 @@ class SweepResult:
         if self.bytes_model:
             return ByteModel.from_dict(self.bytes_model)
         # an older result: W and k at its own cache type
-        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / kv_type(self.kv_type).bytes_for(1))
+        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / kv_pair(self.kv_type).bytes_for(1))
 
 
 def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | None = None,

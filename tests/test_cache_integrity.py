@@ -27,7 +27,7 @@ def _kl_nats(got: np.ndarray, want: np.ndarray) -> float:
 
 
 # what rebuilding a cache by prefill instead of decode may change at each cache type's precision
-TOLERANCE_NATS = {"f16": 0.02, "q8_0": 0.05}
+TOLERANCE_NATS = {"f16": 0.02, "q8_0": 0.05, "q8_0/f16": 0.05, "f16/q8_0": 0.05}
 KL_SEEN: list[tuple[str, float, float]] = []
 
 
@@ -96,6 +96,29 @@ def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backe
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
+
+
+def test_a_mixed_k_v_switch_converts_each_to_its_own_type_and_keeps_every_cache(llama_backend, fresh):
+    """K and V apart (q8_0/f16, then f16/q8_0, then back to f16): each converted to its own type, nothing
+    prefilled again, every agent's next-token distribution as a fresh prefill's at that setting."""
+    e = Engine(llama_backend, EngineSettings(**SETTINGS))
+    _run(e, 30)
+    for kv in ("q8_0/f16", "f16/q8_0", "f16"):
+        e.request(Control(kv=kv))
+        r = e.step()
+        assert r.kind == "rebuild" and r.kv_type == kv == e.s.kv == llama_backend.kv
+        held = sum(a.context for a in e.agents if a.context)
+        assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
+        # llama.cpp's own buffers at this setting: K and V each at its own type
+        cached = sum(llama_backend.cache_bytes.values())
+        modeled = sum(llama_backend.facts.bytes_model.llama_cpp_cache_bytes(
+            kv, llama_backend.n_seqs, llama_backend.ctx_per_seq, llama_backend.max_chunk_tokens).values())
+        assert cached == pytest.approx(modeled, rel=0.02), (kv, cached, modeled)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
+        _run(e, 5)
+        assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
+    e.request(Control(kv="q8_0/q8_0"))  # one spelling for both: the same setting as q8_0
+    assert e.step().kv_type == "q8_0"
 
 
 def test_cap_change_and_agents_added_and_removed(llama_backend, fresh):

@@ -34,7 +34,7 @@ UI_INTERVAL_S = 0.25  # at most 4 batches of records a second reach the UI
 PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 0.5, AgentsTable: 0.5, PowerPanel: 0.5, BatchPlot: 1.0,
                                        BytesPlot: 1.0, SpeedupPlot: 2.0}
 LIVE_HELP = (
-    "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE, cap N, agents N, "
+    "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE or K/V, cap N, agents N, "
     "residency keep|swap|drop, autotune on|off) | +/- batch cap | a/x add/remove agent | t tuner on/off | "
     "space pause | r reset statistics | q quit"
 )
@@ -348,8 +348,8 @@ class SwarmApp(App):
         self._close_command()
         parts = event.value.split()
         if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
-            self.notify(f"unknown command {event.value!r}: use kv TYPE, cap N, agents N, residency keep|swap|drop "
-                        "or autotune on|off", severity="error")
+            self.notify(f"unknown command {event.value!r}: use kv TYPE (or K/V: q8_0/f16), cap N, agents N, "
+                        "residency keep|swap|drop or autotune on|off", severity="error")
             return
         what, value = parts
         if what == "kv":

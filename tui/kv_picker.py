@@ -1,4 +1,4 @@
-"""A small modal list of the KV cache types; picking one switches the engine to it."""
+"""A small modal list of the KV cache settings (a type, or K/V apart); picking one switches the engine to it."""
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -6,13 +6,15 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.kv_types import KV_TYPES, MIXED_KV
+
+CHOICES = (*KV_TYPES, *MIXED_KV)
 
 
 class KVPicker(ModalScreen[str | None]):
     DEFAULT_CSS = """
     KVPicker { align: center middle; }
-    KVPicker > OptionList { width: 44; height: auto; max-height: 14; border: round $accent; }
+    KVPicker > OptionList { width: 48; height: auto; max-height: 14; border: round $accent; }
     """
     BINDINGS = [Binding("escape", "dismiss(None)", "close")]
 
@@ -23,17 +25,20 @@ class KVPicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         opts = []
-        for name in KV_TYPES:
-            k = self.bytes_per_token.get(name)
-            label = f"{name:7} {k / 1e3:9,.1f} KB/token" if k else name
+        for name in CHOICES:
+            k_name, _, v_name = name.partition("/")
+            per = [x for x in (self.bytes_per_token.get(k_name), self.bytes_per_token.get(v_name or k_name)) if x]
+            # K and V apart: half the bytes at each type (the byte model counts each head's share exactly)
+            k = sum(per) / 2 if len(per) == 2 else None
+            label = f"{name:10} {k / 1e3:9,.1f} KB/token" if k else name
             opts.append(Option(label + ("  (now)" if name == self.current else ""), id=name))
         ol = OptionList(*opts)
-        ol.border_title = "KV cache type"
+        ol.border_title = "KV cache: a type, or K/V"
         yield ol
 
     def on_mount(self) -> None:
         ol = self.query_one(OptionList)
-        ol.highlighted = list(KV_TYPES).index(self.current) if self.current in KV_TYPES else 0
+        ol.highlighted = CHOICES.index(self.current) if self.current in CHOICES else 0
         ol.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:

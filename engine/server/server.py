@@ -42,7 +42,10 @@ class ControlBody(BaseModel):
     # the same line here as from a flag, a key or a typed command
     batch_cap: int | None = Field(default=None, description="at most the number of agents",
                                   json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
-    kv_type: str | None = Field(default=None, json_schema_extra={"enum": [*KV_TYPES, None]})  # null: unchanged
+    kv_type: str | None = Field(  # null: unchanged
+        default=None, description="a KV type (K and V alike) or K/V types apart, K first: q8_0, q8_0/f16",
+        json_schema_extra={"pattern": "^(" + "|".join(KV_TYPES) + ")(/(" + "|".join(KV_TYPES) + "))?$",
+                           "examples": ["q8_0", "q8_0/f16"]})
     agents: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_AGENTS})
     residency: str | None = Field(default=None, json_schema_extra={"enum": [*RESIDENCY, None]},
                                   description="where a waiting agent's history lives")

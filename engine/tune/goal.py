@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import kv_type
+from swarmtune.engine.kv_types import kv_pair
 from swarmtune.engine.tune_events import Setting
 
 __all__ = ["OBJECTIVES", "Goal", "Setting", "parse_allowed_kv", "parse_objective"]
@@ -63,6 +63,7 @@ def parse_objective(text: str) -> tuple[str, float]:
 
 
 def parse_allowed_kv(text: str) -> tuple[str, ...]:
-    return tuple(kv_type(k.strip()).name for k in text.split(",") if k.strip())
+    """Comma-separated KV settings, each a type or K/V types (q8_0/f16), in their one spelling."""
+    return tuple(dict.fromkeys(kv_pair(k.strip()).label for k in text.split(",") if k.strip()))
 
 

@@ -29,7 +29,6 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this package
 from swarmtune.engine.errors import Stalled, UserError
 from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
-from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
 from swarmtune.engine.prefill_model import PrefillCalibration
 from swarmtune.engine.profiles import Profile
@@ -441,7 +440,7 @@ class Tuner:
         b = engine.backend
         if isinstance(b, SimBackend):  # the card as its profile states it (the card itself, unless mis-stated)
             return SimBackend(b.stated)
-        own = {kv: fit for kv in KV_TYPES if (fit := engine.analysis.fit(kv)) is not None}
+        own = {kv: fit for kv in engine.analysis.measured_kv() if (fit := engine.analysis.fit(kv)) is not None}
         prefills = {kv: c.fit for kv, c in self._prefill.items() if c.fit is not None}
         if not own or not prefills:
             return None  # nothing measured yet to simulate this machine with
