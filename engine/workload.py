@@ -98,7 +98,7 @@ class Agent:
 
 
 @functools.cache
-def _stdlib_sources() -> list[Path]:
+def stdlib_sources() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     return sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
 
@@ -112,7 +112,7 @@ class Workload:
         self.tool_tokens = tool_tokens  # M: tokens of each tool result
         self.tool_latency_s = tool_latency_s  # the median wait for a tool call; 0: none
         self.tool_latency_sigma = tool_latency_sigma
-        self.sources = list(_stdlib_sources())
+        self.sources = list(stdlib_sources())
         self._text_cache: dict[Path, str] = {}
 
     def rng(self, agent: Agent, salt: int) -> random.Random:

@@ -177,6 +177,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds of the engine's clock to tune for (simulated seconds with --sim; default 600 "
                          "simulated, 120 real)")
     tn.add_argument("--json", dest="json_path", default=None, help="write the result as JSON ('-': stdout)")
+    ql = sub.add_parser("quality", help="what each KV setting (K/V apart: q8_0/f16) does to the next-token "
+                                        "distribution, against f16/f16: KL divergence and top-1, measured")
+    ql.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
+    ql.add_argument("--threads", type=_positive_int("--threads"), default=None)
+    ql.add_argument("--kv", dest="kv_settings", default="q8_0,q4_0,q8_0/f16,f16/q8_0",
+                    help="KV settings to measure, comma-separated: a type (K and V alike) or K/V, e.g. q8_0/f16")
+    src = ql.add_mutually_exclusive_group()
+    src.add_argument("--text", default=None, help="a UTF-8 text file (as llama-perplexity -f reads one)")
+    src.add_argument("--transcript", default=None,
+                     help="a JSONL file, one chat conversation per line: {\"messages\": [{\"role\", \"content\"}]}")
+    ql.add_argument("--contexts", type=_int_list, default=None,
+                    help="window lengths in tokens (default 512,1024); each scores its second half")
+    ql.add_argument("--windows", type=_positive_int("--windows"), default=4,
+                    help="windows per context length, at most (default 4)")
+    ql.add_argument("--seed", type=int, default=1, help="which swarm-like histories, without --text/--transcript")
+    ql.add_argument("--json", dest="json_path", default=None, help="write the figures as JSON ('-': stdout)")
+    ql.set_defaults(sim=None, extra_bufts=False)
     sub.add_parser("profiles", help="list the sim backend's hardware profiles")
     pw = sub.add_parser("power", help="list the power sources: available or not, and why")
     pw.add_argument("--sysfs-root", default=None, help="where sysfs is mounted (default /sys)")

@@ -1,0 +1,95 @@
+"""The tokens a KV quality measurement reads: a text file, a transcript of chat conversations, or, by
+default, histories like the synthetic swarm's own (its system prompt, a task, and the Python sources its
+tools return), each rendered with the model's chat template as the agents' are."""
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.prompt import PromptRenderer
+from swarmtune.engine.workload import SYSTEM_PROMPT, TASKS, stdlib_sources
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_FILE_BYTES = 64 << 20  # a text or transcript past this is refused, not read
+
+
+def read_text(path: str) -> str:
+    """A text file (as llama-perplexity reads its -f file), checked before any model loads."""
+    text = _read(path)
+    if not text.strip():
+        raise UserError(f"{path} holds no text", field="text")
+    return text
+
+
+def read_transcript(path: str) -> list[list[dict[str, Any]]]:
+    """A JSONL transcript: each line one conversation, {"messages": [{"role": ..., "content": ...}, ...]}
+    (OpenAI's chat shape), checked before any model loads."""
+    convs = []
+    for n, line in enumerate(_read(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            conv = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path} line {n}: not JSON (a transcript is one conversation per line)",
+                            field="transcript") from None
+        convs.append(_messages(conv, f"{path} line {n}"))
+    if not convs:
+        raise UserError(f"{path} holds no conversation", field="transcript")
+    return convs
+
+
+def conversation_documents(backend, convs: list[list[dict[str, Any]]]) -> list[list[int]]:
+    """Each conversation rendered with the model's chat template, as a served agent's prompt is."""
+    renderer = PromptRenderer(backend)
+    return [backend.tokenize(renderer.render(msgs)) for msgs in convs]
+
+
+def swarm_documents(backend, n: int, tokens_each: int, seed: int = 1) -> list[list[int]]:
+    """n histories like the synthetic agents': the system prompt, a task, and a tool result of Python source
+    (the standard library's, as the swarm's tools return), at least tokens_each tokens each."""
+    r = random.Random(seed)
+    sources = stdlib_sources()
+    if not sources:
+        raise UserError("no Python sources here to build the swarm's histories from: give --text or --transcript")
+    renderer = PromptRenderer(backend)
+    docs = []
+    for _ in range(n):
+        path = r.choice(sources)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        start = r.randrange(0, max(1, len(text) - tokens_each * 6))
+        msgs = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": r.choice(TASKS).format(mod=path.name)},
+                {"role": "tool", "content": f"$ sed -n ... {path.name}\n" + text[start:start + tokens_each * 6]}]
+        docs.append(backend.tokenize(renderer.render(msgs)))
+    return docs
+
+
+def _read(path: str) -> str:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise UserError(f"{path} is past {MAX_FILE_BYTES >> 20} MiB")
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    except (IsADirectoryError, PermissionError) as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _messages(conv: Any, where: str) -> list[dict[str, Any]]:
+    msgs = conv.get("messages") if isinstance(conv, dict) else None
+    if not isinstance(msgs, list) or not msgs:
+        raise UserError(f"{where}: a conversation is {{\"messages\": [...]}} with at least one message",
+                        field="transcript")
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content", ""), str):
+            raise UserError(f"{where}: each message is {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}",
+                            field="transcript")
+        out.append({"role": m["role"], "content": m.get("content") or ""})
+    return out
