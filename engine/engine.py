@@ -50,6 +50,12 @@ class TunerHook(Protocol):
     def restart(self) -> None: ...
 
 
+class QualityHook(Protocol):
+    """The live KV quality check (engine/quality_check.py): sees every record, now and then measures."""
+
+    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]: ...
+
+
 @dataclass
 class EngineState:
     """What a control answer reports: the settings now in force (or about to be, at the next step). Derived
@@ -64,7 +70,8 @@ class EngineState:
 class Engine:
     def __init__(self, backend: Backend, settings: EngineSettings,
                  progress: Callable[[str, int, int], None] | None = None, meter: Meter | None = None,
-                 tuner: "TunerHook | None" = None, autotune: bool = False, agents: AgentSource | None = None) -> None:
+                 tuner: "TunerHook | None" = None, autotune: bool = False, agents: AgentSource | None = None,
+                 quality: "QualityHook | None" = None) -> None:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts
@@ -93,6 +100,7 @@ class Engine:
         self._pending = Control()
         self._lock = threading.Lock()
         self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
+        self.quality = quality  # engine/quality_check.py: the live KV quality check, where there is one
         self.autotune = autotune and tuner is not None
         self.started = False
         self.started_at = ""
@@ -323,6 +331,9 @@ class Engine:
         rec = self._step()
         if self.s.check:
             self.check_caches()
+        if self.quality is not None:  # before the tuner: what it measures, the tuner reads at once
+            for note in self.quality.observe(self, rec):
+                self._queued.append(self.tune_record(note))
         if self.autotune and self.tuner is not None:
             for note in self.tuner.observe(self, rec):
                 self._queued.append(self.tune_record(note))

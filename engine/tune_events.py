@@ -252,8 +252,30 @@ class Spent(TuneEvent):
     why: str
 
 
+@dataclass
+class QualityChecked(TuneEvent):
+    """A live KV quality check (engine/quality_check.py): one agent's last positions through a setting
+    against f16/f16, and the setting's figures at that context band so far (measured)."""
+
+    phase: ClassVar[str] = "quality"
+    kv: str
+    band: list[int]  # the context band [low, high) the figures stand for
+    positions: int  # behind the band's figures, this check's included
+    mean_kl: float | None  # nats per token; None below MIN_POSITIONS positions
+    p99_kl: float | None
+    top1_same: float | None
+    check_kl: float  # this check's own positions' mean KL
+    agent: int
+    context: int
+    check_s: float  # this check's wall seconds (measured)
+    spent_s: float  # every check's, so far
+    why: str
+    source: str = "measured: teacher-forced against an f16/f16 side context"
+
+
 EVENTS: dict[str, type[TuneEvent]] = {c.phase: c for c in (Decision, Outcome, Held, Confirmed, Reverted,
-                                                            RevertRefused, Probed, Trial, Experimented, Spent)}
+                                                            RevertRefused, Probed, Trial, Experimented, Spent,
+                                                            QualityChecked)}
 
 
 def event_from_json(d: dict[str, Any]) -> TuneEvent:

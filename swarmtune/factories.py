@@ -93,17 +93,28 @@ def engine_settings(args: argparse.Namespace, backend):
 
 
 def tuner_goal(args: argparse.Namespace):
+    from swarmtune.engine.quality_check import DEFAULT_KV_QUALITY, QUALITY_CANDIDATES
+    from swarmtune.engine.settings import check_kv
     from swarmtune.engine.tune import Goal, parse_allowed_kv, parse_objective
 
     objective, floor = parse_objective(args.autotune or "tokens_per_s")
-    allowed = parse_allowed_kv(args.tune_kv) if args.tune_kv else (args.kv,)
-    if args.kv not in allowed:
+    kv = check_kv(args.kv)
+    flag = getattr(args, "kv_quality", None)
+    # a model's quality is measured live; the simulated card has no logits, so it has no quality budget
+    quality = None if flag == "off" or args.sim else DEFAULT_KV_QUALITY if flag is None else float(flag)
+    if args.tune_kv:
+        allowed = parse_allowed_kv(args.tune_kv)
+    elif quality is not None:  # whatever the budget allows, as measured: the candidates worth their bytes
+        allowed = tuple(dict.fromkeys((kv, *QUALITY_CANDIDATES)))
+    else:
+        allowed = (kv,)
+    if kv not in allowed:
         raise UserError(f"--tune-kv {args.tune_kv} leaves out --kv {args.kv}, the type the run starts at")
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise UserError(f"--power-cap-w must be positive (got {args.power_cap_w})")
     # a run of known length plans for what is left of it (`tune` sets its default length itself)
     return Goal(objective=objective, floor_tokens_per_s=floor, allowed_kv=allowed, power_cap_watts=args.power_cap_w,
-                run_s=getattr(args, "duration", None))
+                run_s=getattr(args, "duration", None), kv_quality=quality)
 
 
 def make_engine(args: argparse.Namespace, progress=None):
@@ -126,8 +137,13 @@ def make_engine(args: argparse.Namespace, progress=None):
             from swarmtune.engine.served import ServedAgents
 
             agents = ServedAgents(backend, max_queue=args.max_queue)
+        from swarmtune.engine.quality_check import QualityCheck
+
+        # the live quality check on a model (the simulated card has no logits): it measures the live setting
+        # where it is quantized, and the settings the tuner may move to, at the swarm's own contexts
+        quality = None if backend.source == "simulated" else QualityCheck(wanted=goal.allowed_kv)
         return Engine(backend, settings, progress=progress, meter=meter, tuner=Tuner(goal),
-                      autotune=args.autotune is not None, agents=agents)
+                      autotune=args.autotune is not None, agents=agents, quality=quality)
     except BaseException:
         backend.close()
         raise

@@ -51,6 +51,18 @@ def _finite(name: str) -> Callable[[str], float]:
     return parse
 
 
+def _kv_quality(text: str) -> float | str:
+    if text.strip().lower() == "off":
+        return "off"
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"--kv-quality takes a KL in nats (a finite number >= 0) or off, not {text!r}")
+    return v
+
+
 def _int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -89,8 +101,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="let the tuner hold the best batch cap, KV type and residency: tokens_per_s, "
                         "joules_per_token, or floor:X (tokens/s with no agent below X tok/s); 't' in the dashboard")
     g.add_argument("--tune-kv", default=None, metavar="LIST",
-                   help="KV types the tuner may use, e.g. f16,q8_0 (default: only --kv; KV precision costs "
-                        "quality, and only you may trade it)")
+                   help="KV settings the tuner may use, each a type or K/V, e.g. f16,q8_0,q8_0/f16 (default on a "
+                        "model: any whose measured KL is within --kv-quality; on --sim: only --kv)")
+    g.add_argument("--kv-quality", type=_kv_quality, default=None, metavar="KL",
+                   help="the most mean KL divergence (nats per token, against f16/f16, measured live on the "
+                        "agents' own histories) a KV setting the tuner picks may cost; 'off': speed alone decides "
+                        "(default 0.01 on a model; see 'swarmtune quality')")
     g.add_argument("--power-cap-w", type=_finite("--power-cap-w"), default=None,
                    help="the tuner keeps mean power under this many watts (measured or modeled)")
     g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,

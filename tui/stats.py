@@ -28,6 +28,10 @@ class Stats:
     tuner_spent_s: float | None = None
     tuner_spent_at_s: float = 0.0
     tuner_trying: str = ""  # the setting an experiment is trying now, if one runs
+    # per KV setting: the live quality check's latest figures (its `quality` record's JSON), and the decode
+    # tokens and seconds the swarm ran at it (measured): the trade of quality for speed, side by side
+    quality: dict = field(default_factory=dict)
+    kv_decode: dict = field(default_factory=dict)  # kv -> [tokens, seconds]
 
     def reset(self) -> None:
         header = self.header
@@ -43,6 +47,9 @@ class Stats:
         at_tool = sum(1 for a in r.agents if a.state in ("tool", "client"))
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is
             self.latest_decode = r
+            acc = self.kv_decode.setdefault(r.kv_type, [0, 0.0])
+            acc[0] += r.tokens
+            acc[1] += r.seconds
             self.batch_history.append((r.step, r.batch, r.batch_cap, waiting, at_tool))
             if r.measured_speedup is not None:
                 self.measured_points.append((r.mean_context, r.measured_speedup, r.batch))
@@ -68,6 +75,28 @@ class Stats:
                                           for k in ("batch_cap", "kv", "residency") if to[k] != fr[k])
         elif d.get("phase") == "experiment":
             self.tuner_trying = ""
+        elif d.get("phase") == "quality" and d.get("mean_kl") is not None:
+            self.quality[d["kv"]] = d
+
+    def kv_tokens_per_second(self, kv: str) -> float | None:
+        """Decode tokens per second of decode time at a KV setting over the run (measured; its contexts were
+        those of when it ran)."""
+        tokens, seconds = self.kv_decode.get(kv, (0, 0.0))
+        return tokens / seconds if seconds > 0 else None
+
+    def quality_text(self, live: str) -> str:
+        """The live setting's measured quality, then the others', each with its speed against the live one
+        where both ran: "q8_0 KL 0.0044 (p99 0.021) top-1 96% | f16/q8_0 KL 0.0041 ... +3% tok/s"."""
+        parts = []
+        here = self.kv_tokens_per_second(live)
+        for kv in sorted(self.quality, key=lambda k: (k != live, k)):
+            d = self.quality[kv]
+            s = f"{kv} KL {d['mean_kl']:.4f} (p99 {d['p99_kl']:.3f}) top-1 {d['top1_same']:.0%}"
+            there = self.kv_tokens_per_second(kv)
+            if kv != live and here and there:
+                s += f" {there / here - 1:+.0%} tok/s"
+            parts.append(s)
+        return " | ".join(parts)
 
     @property
     def tokens_per_second(self) -> float:

@@ -33,6 +33,7 @@ class EngineCollector(Collector):
         gen = CounterMetricFamily("swarmtune_generated_tokens", "decode tokens since start", labels=["source"])
         gen.add_metric([src], run.rolling.tokens_total)
         yield gen
+        yield from _quality(run)
         if r is None:
             return
         yield from gauge("swarmtune_batch_size", "agents in the last step", r.batch)
@@ -68,6 +69,26 @@ class EngineCollector(Collector):
                                   labels=["power_source"])
             g.add_metric([r.power_source or ""], r.joules_per_token)
             yield g
+
+
+def _quality(run: EngineRunner):
+    """The live KV quality check's figures (engine/quality_check.py), per setting and context band."""
+    ledger = getattr(run.engine.quality, "ledger", None)
+    if ledger is None:
+        return
+    kl = GaugeMetricFamily("swarmtune_kv_quality_kl_nats", "mean KL divergence of the next-token distribution "
+                           "against f16/f16, per KV setting and context band (measured live)", labels=["kv", "band"])
+    p99 = GaugeMetricFamily("swarmtune_kv_quality_kl_p99_nats", "its 99th percentile", labels=["kv", "band"])
+    top = GaugeMetricFamily("swarmtune_kv_quality_top1_same_ratio", "share of positions whose top token is "
+                            "f16/f16's", labels=["kv", "band"])
+    for f in list(ledger.figures.values()):  # a copy: the engine's thread adds to it
+        if f.mean_kl is None or f.p99_kl is None or f.top1_same is None:
+            continue
+        labels = [f.setting, f"{f.band[0]}-{f.band[1]}"]
+        kl.add_metric(labels, f.mean_kl)
+        p99.add_metric(labels, f.p99_kl)
+        top.add_metric(labels, f.top1_same)
+    yield from (kl, p99, top)
 
 
 class ServedCollector(Collector):

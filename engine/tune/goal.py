@@ -42,6 +42,9 @@ class Goal:
     # the rms forecast error assumed before three forecasts of staying were checked on this run: a forecast
     # gain past the margin plus this (or the measured one, once there is one) proposes an experiment
     prior_error: float = 0.05
+    # the most mean KL (nats per token, against f16/f16) a KV setting may cost at the swarm's contexts, as the
+    # live check measured it (engine/quality_check.py); None: off (speed alone decides, as before)
+    kv_quality: float | None = None
 
 
 def parse_objective(text: str) -> tuple[str, float]:

@@ -29,6 +29,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this package
 from swarmtune.engine.errors import Stalled, UserError
 from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
+from swarmtune.engine.kv_quality import REFERENCE as QUALITY_REFERENCE
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
 from swarmtune.engine.prefill_model import PrefillCalibration
 from swarmtune.engine.profiles import Profile
@@ -116,6 +117,7 @@ class Tuner:
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
             # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
+        out += self._quality_guard(engine)
         self._drop_moved_checks(engine)
         for _, came, _ in self._checks:
             came.add(rec)
@@ -145,6 +147,35 @@ class Tuner:
             self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
         if cells:
             self._switches = (self._switches + [(float(cells), seconds)])[-16:]
+
+    def _quality_guard(self, engine: Engine) -> list[TuneEvent]:
+        """Under a quality budget, the live KV setting measured past it (its KL grows with the contexts) is
+        left at once for the reference (f16), and said why; an experiment under way is abandoned."""
+        budget = self.goal.kv_quality
+        ledger = _ledger(engine)
+        if budget is None or ledger is None or self._switching:
+            return []
+        live = self.setting(engine)
+        longest = max((len(a.history) for a in engine.agents), default=0)
+        kl = ledger.mean_kl(live.kv, longest)
+        if kl is None or kl <= budget or live.kv == QUALITY_REFERENCE:
+            return []
+        to = replace(live, kv=QUALITY_REFERENCE)
+        if self._exp is not None:
+            self._exp = None  # its candidate or its incumbent crossed the budget: nothing it measures counts
+        if not self._move(engine, live, to):
+            return []
+        self._tried[live] = (mean_context([a.context for a in engine.agents]), engine.s.kv_budget_bytes,
+                             turn_shape(engine))
+        f = ledger.figure(live.kv, longest)
+        band = f"{f.band[0]}-{f.band[1]}" if f is not None else "these"
+        return [Decision(
+            from_=live, to=to, objective="kv_quality", predicted_gain=0.0, predicted_gain_source="n/a",
+            trial=False, forecast_spread=None, horizon_s=0.0,
+            mean_context=round(mean_context([a.context for a in engine.agents]), 1), forecast_error=0.0,
+            forecast_error_source="n/a: a quality budget, measured", kv_step_time_source=None,
+            why=f"tune: KV {live.kv} measured mean KL {kl:.4f} nats at contexts {band}, past the quality budget "
+                f"{budget:g}: back to {QUALITY_REFERENCE} (measured)")]
 
     def _remember(self, rec: StepRecord, setting: Setting) -> None:
         self._recent.append((rec, setting))
@@ -389,6 +420,11 @@ class Tuner:
         out = [c for c in out if c.kv not in engine.refused_kv]
         ctx = [a.context for a in engine.agents]
         mean_ctx = mean_context(ctx)
+        if self.goal.kv_quality is not None and (ledger := _ledger(engine)) is not None:
+            # under a quality budget only a setting measured within it at these contexts (the longest
+            # history's band, where the check measures and where a KV type errs most)
+            longest = max((len(a.history) for a in engine.agents), default=0)
+            out = [c for c in out if c.kv == cur.kv or ledger.within(c.kv, longest, self.goal.kv_quality)]
         out = [c for c in out if not self._retry_blocked(engine, c, mean_ctx)]
         if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
             out = [c for c in out if engine.budget_tokens(c.kv) >= min_context(engine.s)]
@@ -849,6 +885,11 @@ class Tuner:
         ctx, budget, shape = p
         moved = abs(mean_ctx - ctx) >= RETRY_CONTEXT_CHANGE * max(ctx, REVISIT_MIN_CONTEXT)
         return not moved and budget == engine.s.kv_budget_bytes and shape == turn_shape(engine)
+
+def _ledger(engine: Engine):
+    """The live quality check's ledger (engine/quality_check.py), where the engine has one."""
+    return getattr(engine.quality, "ledger", None)
+
 
 def _spread(gains: list[float | None]) -> float | None:
     """Half the range of per-draw gains; None if any is missing or not finite."""

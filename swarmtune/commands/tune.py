@@ -49,6 +49,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         flags = engine_flags(st.batch_cap, st.kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
                              e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None))
         source = e.backend.source
+        ledger = getattr(e.quality, "ledger", None)
         run_s = e.now_s()  # the engine's clock: the tuner's probe and first look, before the first step, count
         e.close()
     result = {
@@ -60,10 +61,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          "source": source},
         "decisions": decisions, "engines": [x.as_dict() for x in flags],
         "tuner_cost": e.tuner.cost.to_json(),
+        # what the live check measured of each KV setting against f16/f16 (none on the simulated card)
+        "kv_quality": {"budget_kl": e.tuner.goal.kv_quality, "figures": ledger.rows() if ledger else [],
+                       "source": "measured live on the agents' own histories" if ledger else
+                       "not measured: the simulated card has no logits"},
     }
     say(f"best setting: cap {st.batch_cap}, KV {st.kv}, residency {st.residency} "
         f"({result['tokens_per_s']['whole_run']} tok/s over the run, {source})")
     say(e.tuner.cost.line(run_s))
+    for fig in ledger.figures.values() if ledger else []:
+        say(f"  quality: {fig.line()}")
     for x in flags:
         say(f"  {x.engine:12} {' '.join(x.flags)}")
         for n in x.notes:

@@ -34,6 +34,8 @@ class StatusLine(Static):
             if stats.tuner_spent_s is not None and stats.tuner_spent_at_s > 0:
                 share = stats.tuner_spent_s / stats.tuner_spent_at_s
                 t.append(f" | tuner spent {stats.tuner_spent_s:.1f} s ({share:.1%})")
+        if stats.quality and r is not None:
+            t.append(f" | quality vs f16 (measured): {stats.quality_text(r.kv_type)}", style="cyan")
         if extra:
             t.append(f" | {extra}", style="italic")
         model = h.get("model", {}).get("name", "?")

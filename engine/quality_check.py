@@ -1,0 +1,143 @@
+"""The live KV quality check: what the swarm's own KV settings do to its agents' next-token distributions,
+measured on their own histories while the swarm runs, and the ledger of what it measured.
+
+Now and then (its seconds held to `budget_share` of the run's, measured: the check runs on the engine's
+thread, between steps) one agent's history, the longest in the cache, is teacher-forced through two side
+contexts of the same model: the f16/f16 reference and a setting under test (the live one when the swarm
+runs quantized; else the next setting the tuner may move to that has no figure at these contexts). Its
+last CHECK_POSITIONS positions are compared (engine/kv_quality.py: KL of the test's next-token
+distribution from the reference's, top token kept). Figures gather per setting and context band (an
+octave of context: 512-1023 tokens, ...): a band's figure stands for the contexts in it and says nothing of
+longer ones, so a setting's figure goes stale as the swarm's contexts grow out of its band.
+
+The two side contexts prefill the agent's whole history: that is the check's cost (two prefills of the
+longest context), which is why it is sampled and budgeted, and why it is off on the simulated card (no
+logits there: its quality is not measured, and says so).
+"""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from swarmtune.engine.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
+from swarmtune.engine.kv_types import kv_pair
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.tune_events import QualityChecked, TuneEvent
+
+CHECK_POSITIONS = 64  # positions compared per check: two checks of one band reach MIN_POSITIONS
+MIN_HISTORY = 2 * CHECK_POSITIONS  # an agent with less history is not checked (too little context to mean much)
+BUDGET_SHARE = 0.02  # the check's seconds, at most this share of the run's (the issue's bar: under 3%)
+FIRST_AFTER_S = 5.0  # no check in the run's first seconds: its histories are still being prefilled
+DEFAULT_KV_QUALITY = 0.01  # nats: the tuner's default budget of mean KL (docs/quality.md: chosen from measurement)
+# what the tuner may choose from under a quality budget where --tune-kv does not narrow it: the types and
+# K/V pairs worth their bytes (q4_0 K is the one users report breaking agents; it is here so the budget,
+# measured, is what keeps it out)
+QUALITY_CANDIDATES = ("f16", "q8_0", "f16/q8_0", "q8_0/f16", "q8_0/q4_0", "q4_0")
+
+
+def band_of(context: float) -> tuple[int, int]:
+    """The octave of context a history of this length falls in: [2^k, 2^(k+1))."""
+    lo = 2 ** int(math.floor(math.log2(max(context, 2.0))))
+    return lo, 2 * lo
+
+
+@dataclass
+class QualityLedger:
+    """Every figure the checks measured, per (setting, band). The reference (f16/f16) is its own: KL 0."""
+
+    figures: dict[tuple[str, tuple[int, int]], BandFigures] = field(default_factory=dict)
+
+    def add(self, setting: str, band: tuple[int, int], kl, same) -> BandFigures:
+        f = self.figures.setdefault((setting, band), BandFigures(setting, band))
+        f.add(kl, same)
+        f.close()
+        return f
+
+    def figure(self, setting: str, context: float) -> BandFigures | None:
+        """The figure that stands for a setting at this context (its band's), if one was measured."""
+        return self.figures.get((kv_pair(setting).label, band_of(context)))
+
+    def mean_kl(self, setting: str, context: float) -> float | None:
+        """Mean KL at this context (0 for the reference itself); None where not measured (or too few positions)."""
+        if kv_pair(setting).label == REFERENCE:
+            return 0.0
+        f = self.figure(setting, context)
+        return None if f is None else f.mean_kl
+
+    def within(self, setting: str, context: float, budget_kl: float) -> bool | None:
+        """Whether a setting's measured KL at this context is within a budget; None: not measured here."""
+        kl = self.mean_kl(setting, context)
+        return None if kl is None else kl <= budget_kl
+
+    def rows(self) -> list[dict]:
+        return [f.to_json() for f in self.figures.values()]
+
+
+class QualityCheck:
+    """The live check (engine hook): sees every record, now and then measures one setting on one agent."""
+
+    def __init__(self, budget_share: float = BUDGET_SHARE, wanted: tuple[str, ...] = ()) -> None:
+        self.ledger = QualityLedger()
+        self.budget_share = budget_share
+        self.wanted = tuple(kv_pair(w).label for w in wanted)  # settings to measure while the swarm runs f16
+        self.spent_s = 0.0  # wall seconds of checks (measured)
+        self.checks = 0
+        self._next = 0  # which wanted setting is next
+
+    def enabled(self, engine) -> bool:
+        return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
+
+    def due(self, engine) -> bool:
+        now = engine.now_s()
+        return now >= FIRST_AFTER_S and self.spent_s <= self.budget_share * now
+
+    def observe(self, engine, rec: StepRecord) -> list[TuneEvent]:
+        if rec.kind in ("tune", "rebuild") or not self.enabled(engine) or not self.due(engine):
+            return []
+        agent = max((a for a in engine.agents if len(a.history) >= MIN_HISTORY), key=lambda a: len(a.history),
+                    default=None)
+        if agent is None:
+            return []
+        setting = self._setting_to_check(engine.s.kv, len(agent.history))
+        if setting is None:
+            return []
+        return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id)]
+
+    def _setting_to_check(self, live: str, context: float) -> str | None:
+        """The live setting where it is not the reference; else the next wanted one short of a figure here."""
+        if kv_pair(live).label != REFERENCE:
+            return kv_pair(live).label
+        todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
+        if not todo:
+            return None
+        self._next = (self._next + 1) % len(todo)
+        return todo[self._next]
+
+    def check(self, backend, setting: str, history: list[int], agent_id: int = -1) -> QualityChecked:
+        """Teacher-force one history through the reference and the setting; add its last positions' figures."""
+        t0 = time.perf_counter()
+        n = len(history)
+        first = n - CHECK_POSITIONS - 1  # the last position predicts a token not yet in the history
+        with backend.scorer(REFERENCE, n) as ref_sc:
+            ref = ref_sc.logits(history, first)[:-1]
+        with backend.scorer(setting, n) as sc:
+            test = sc.logits(history, first)[:-1]
+        kl, same = kl_and_top1(ref, test)
+        band = band_of(n)
+        f = self.ledger.add(setting, band, kl, same)
+        wall = time.perf_counter() - t0
+        self.spent_s += wall
+        self.checks += 1
+        what = (f.line() if f.mean_kl is not None else
+                f"{setting}: {f.positions} positions at contexts {band[0]}-{band[1]} so far "
+                f"(a figure needs {MIN_POSITIONS})")
+        return QualityChecked(
+            kv=setting, band=list(band), positions=f.positions, mean_kl=_r(f.mean_kl), p99_kl=_r(f.p99_kl),
+            top1_same=_r(f.top1_same), check_kl=round(float(kl.mean()), 6), agent=agent_id, context=n,
+            check_s=round(wall, 3), spent_s=round(self.spent_s, 3),
+            why=f"quality check: agent {agent_id}'s last {len(kl)} positions at context {n} through {setting} "
+                f"against {REFERENCE}/{REFERENCE} ({wall:.2f} s); {what}")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
