@@ -411,3 +411,17 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     trial = e.tuner._propose(e, cur, base, kv_only=True)
     assert trial is not None and trial.to.kv == "q8_0" and trial.exploratory, trial
     assert "never timed here" in trial.why
+
+
+def test_every_seed_of_a_forecast_has_the_same_spans_while_the_clock_moves(monkeypatch):
+    """On a real backend the clock moves while a forecast's seeds run one after another: near a run's end
+    each would cut its horizon at a different span count, and averaging them span by span failed (an
+    IndexError in the bench's changing workload). Every seed starts from one reading of the clock."""
+    e = _engine(Goal(allowed_kv=("f16",), run_s=105.0, epoch_s=10.0, horizon_s=240.0, forecast_seeds=2))
+    for _ in range(30):
+        e.step()
+    clock = iter([84.99 + 0.2 * i for i in range(1000)])
+    monkeypatch.setattr(e, "now_s", lambda: next(clock))
+    runs = e.tuner.forecast(e, Tuner.setting(e))
+    assert runs is not None and len(runs) == 2 and len(runs[0]) == len(runs[1]) == 3
+    assert e.tuner._objectives(runs)  # averaged span by span

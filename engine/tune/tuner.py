@@ -434,12 +434,16 @@ class Tuner:
                  scale: dict[str, StepScale] | None = None) -> list[list[Tally]] | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
-        runs = [self._forecast_once(engine, setting, k, scale) for k in (seeds or range(self.goal.forecast_seeds))]
+        # one start for every seed: on a real backend the clock moves while they run, and a horizon cut at a
+        # run's end must give each the same spans (they are averaged span by span)
+        start = engine.now_s()
+        runs = [self._forecast_once(engine, setting, k, start, scale)
+                for k in (seeds or range(self.goal.forecast_seeds))]
         self.cost.forecasts += len(runs)
         done = [r for r in runs if r is not None]
         return None if len(done) < len(runs) else done
 
-    def _forecast_once(self, engine: Engine, setting: Setting, k: int,
+    def _forecast_once(self, engine: Engine, setting: Setting, k: int, start: float,
                        scale: dict[str, StepScale] | None = None) -> list[Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
         would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
@@ -456,7 +460,6 @@ class Tuner:
                 shadow.request(Control(kv=setting.kv))
             except UserError:  # the budget holds too little at that type
                 return None
-        start = engine.now_s()
         horizon = self.horizon_at(start)
         tally = SpanTally(start, self.spans_for(horizon))
         end = start + horizon
