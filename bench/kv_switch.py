@@ -3,9 +3,10 @@ history again, at 8 agents of about 900 tokens each.
 
 For each path it prints the seconds the switch took (the swarm is frozen meanwhile) and, per agent, the
 KL divergence (nats) of its next-token distribution from a fresh prefill of the same history at the new
-type: how far the switched cache is from one made at that type. Last line `convert: X s` (f16 -> q8_0).
+type: how far the switched cache is from one made at that type. Last line `convert: X s` (f16 -> --to,
+q8_0 by default; K and V apart as `--to q8_0/f16`).
 
-    python bench/kv_switch.py [--threads N] [--context 900]
+    python bench/kv_switch.py [--threads N] [--context 900] [--to q8_0/f16]
 """
 
 import argparse
@@ -55,6 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--context", type=int, default=900, help="tokens per agent before the switch")
+    ap.add_argument("--to", default="q8_0", help="the KV setting switched to (and back from): a type or K/V")
     a = ap.parse_args()
     facts = read_model_facts(default_model_path())
     backend = LlamaBackend(facts, n_threads=a.threads)
@@ -68,14 +70,14 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {backend.n_threads} threads; 8 agents, {tokens} cached "
           f"tokens (mean {tokens / 8:.0f}) at f16 (measured)")
     results = {}
-    for kv, convert in (("q8_0", True), ("f16", True), ("q8_0", False), ("f16", False)):
+    for kv, convert in ((a.to, True), ("f16", True), (a.to, False), ("f16", False)):
         seconds, note = switch(e, kv, convert)
         k = kls(e, fresh)
         how = "convert" if convert else "re-prefill"
         results[(kv, how)] = seconds
-        print(f"{how:10s} -> {kv:5s}: {seconds:6.2f} s; next-token KL vs a fresh prefill at {kv}: median "
+        print(f"{how:10s} -> {kv:8s}: {seconds:6.2f} s; next-token KL vs a fresh prefill at {kv}: median "
               f"{np.median(k):.5f}, max {max(k):.5f} nats over {len(k)} agents  [{note}]", flush=True)
-    print(f"convert: {results[('q8_0', 'convert')]:.2f} s (re-prefill {results[('q8_0', 're-prefill')]:.2f} s)")
+    print(f"convert: {results[(a.to, 'convert')]:.2f} s (re-prefill {results[(a.to, 're-prefill')]:.2f} s)")
     fresh.close()
     e.close()
 
