@@ -48,7 +48,8 @@ def test_one_check_on_the_default_model(llama_backend):
 def _engine(backend, kv: str, budget: float | None, share: float) -> Engine:
     s = EngineSettings(agents=4, kv=kv, ctx_per_agent=640, gen_tokens=24, tool_tokens=96, seed=3,
                        tool_latency_s=0.05)
-    goal = Goal(allowed_kv=("f16", "q4_0"), kv_quality=budget, epoch_s=1000.0)  # no speed looks: quality alone
+    # no probe (a run under 600 s) and no look (epochs of 1,000 s): the quality budget alone moves it
+    goal = Goal(allowed_kv=("f16", "q4_0"), kv_quality=budget, epoch_s=1000.0, run_s=300.0)
     return Engine(backend, s, tuner=Tuner(goal), autotune=True,
                   quality=QualityCheck(budget_share=share, wanted=goal.allowed_kv))
 
