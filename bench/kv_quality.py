@@ -73,6 +73,17 @@ def llama_cpp_kld(binary: str, model: str, text: str, setting: str, base: Path, 
     return out
 
 
+def cpu_name() -> str:
+    """The CPU's model name (platform.processor() is empty on Linux)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, default=512, help="window (llama-perplexity -c)")
@@ -84,7 +95,7 @@ def main() -> None:
     binary = a.perplexity or build_perplexity()
     model = str(default_model_path())
     text = str(Path(sysconfig.get_paths()["stdlib"]) / "argparse.py")
-    print(f"CPU: {platform.processor() or platform.machine()}, threads {a.threads}; model {Path(model).name}; "
+    print(f"CPU: {cpu_name()}, threads {a.threads}; model {Path(model).name}; "
           f"text {text} (Python {platform.python_version()}); windows of {a.ctx}, {a.chunks} of them", flush=True)
 
     # swarmtune, in process

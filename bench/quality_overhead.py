@@ -43,6 +43,17 @@ def one(backend: LlamaBackend, a, checked: bool) -> tuple[float, int, float]:
     return rate, (q.checks if q else 0), (q.spent_s if q else 0.0)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (platform.processor() is empty on Linux)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -52,7 +63,7 @@ def main() -> None:
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {a.threads} threads; "
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; "
           f"{a.agents} agents at KV {a.kv}, {a.rounds} rounds of 2 x {a.seconds:.0f} s", flush=True)
     backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=a.threads)
     ratios = []
