@@ -2,9 +2,11 @@
 measured on their own histories while the swarm runs, and the ledger of what it measured.
 
 Now and then (its seconds held to `budget_share` of the run's, measured: the check runs on the engine's
-thread, between steps) one agent's history, the longest in the cache, is teacher-forced through two side
-contexts of the same model: the f16/f16 reference and a setting under test (the live one when the swarm
-runs quantized; else the next setting the tuner may move to that has no figure at these contexts). Its
+thread, between steps, and starts only where what it is expected to cost, at the rate the last one measured
+or the engine's own prefill rate, keeps the share within budget after it) one agent's history, the longest
+in the cache, is teacher-forced through two side contexts of the same model: the f16/f16 reference and a
+setting under test (the live one when the swarm runs quantized; else the next setting the tuner may move
+to that has no figure at these contexts). Its
 last CHECK_POSITIONS positions are compared (engine/kv_quality.py: KL of the test's next-token
 distribution from the reference's, top token kept). Figures gather per setting and context band (an
 octave of context: 512-1023 tokens, ...): a band's figure stands for the contexts in it and says nothing of
@@ -83,20 +85,38 @@ class QualityCheck:
         self.spent_s = 0.0  # wall seconds of checks (measured)
         self.checks = 0
         self._next = 0  # which wanted setting is next
+        # what a check costs per token of history it teacher-forces (two side contexts): from the last check,
+        # or before any, from the engine's own prefill chunks (tokens, seconds), measured
+        self._check_s_per_token: float | None = None
+        self._prefill = [0, 0.0]
 
     def enabled(self, engine) -> bool:
         return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
 
-    def due(self, engine) -> bool:
+    def expected_s(self, history_tokens: int) -> float | None:
+        """What a check of a history this long is expected to cost: two prefills of it at the rate the last
+        check measured, or, before any, at the engine's own prefill rate; None before either is known."""
+        if self._check_s_per_token is not None:
+            return self._check_s_per_token * history_tokens
+        tokens, seconds = self._prefill
+        return 2 * history_tokens * seconds / tokens if tokens >= 256 and seconds > 0 else None
+
+    def due(self, engine, history_tokens: int) -> bool:
+        """A check fits: what it is expected to cost, on top of what the checks spent, within budget_share of
+        the run so far (so the share holds after it, not only before)."""
         now = engine.now_s()
-        return now >= FIRST_AFTER_S and self.spent_s <= self.budget_share * now
+        cost = self.expected_s(history_tokens)
+        return now >= FIRST_AFTER_S and cost is not None and self.spent_s + cost <= self.budget_share * now
 
     def observe(self, engine, rec: StepRecord) -> list[TuneEvent]:
-        if rec.kind in ("tune", "rebuild") or not self.enabled(engine) or not self.due(engine):
+        if rec.kind == "prefill" and rec.seconds > 0:
+            self._prefill[0] += rec.tokens
+            self._prefill[1] += rec.seconds
+        if rec.kind in ("tune", "rebuild") or not self.enabled(engine):
             return []
         agent = max((a for a in engine.agents if len(a.history) >= MIN_HISTORY), key=lambda a: len(a.history),
                     default=None)
-        if agent is None:
+        if agent is None or not self.due(engine, len(agent.history)):
             return []
         setting = self._setting_to_check(engine.s.kv, len(agent.history))
         if setting is None:
@@ -127,6 +147,7 @@ class QualityCheck:
         f = self.ledger.add(setting, band, kl, same)
         wall = time.perf_counter() - t0
         self.spent_s += wall
+        self._check_s_per_token = wall / n
         self.checks += 1
         what = (f.line() if f.mean_kl is not None else
                 f"{setting}: {f.positions} positions at contexts {band[0]}-{band[1]} so far "
