@@ -23,10 +23,11 @@ def read_text(path: str) -> str:
     return text
 
 
-def read_transcript(path: str) -> list[list[dict[str, Any]]]:
+def read_transcript(path: str) -> list[list[dict[str, Any]] | list[int]]:
     """A JSONL transcript: each line one conversation, {"messages": [{"role": ..., "content": ...}, ...]}
-    (OpenAI's chat shape), checked before any model loads."""
-    convs = []
+    (OpenAI's chat shape), or {"tokens": [...]} (what `serve --transcript` writes: the exact tokens a served
+    turn's cache held), checked before any model loads."""
+    convs: list[list[dict[str, Any]] | list[int]] = []
     for n, line in enumerate(_read(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -35,16 +36,29 @@ def read_transcript(path: str) -> list[list[dict[str, Any]]]:
         except ValueError:
             raise UserError(f"{path} line {n}: not JSON (a transcript is one conversation per line)",
                             field="transcript") from None
+        if isinstance(conv, dict) and "tokens" in conv:
+            toks = conv["tokens"]
+            if not isinstance(toks, list) or not all(isinstance(t, int) and t >= 0 for t in toks):
+                raise UserError(f"{path} line {n}: \"tokens\" is a list of token ids", field="transcript")
+            convs.append(toks)
+            continue
         convs.append(_messages(conv, f"{path} line {n}"))
     if not convs:
         raise UserError(f"{path} holds no conversation", field="transcript")
     return convs
 
 
-def conversation_documents(backend, convs: list[list[dict[str, Any]]]) -> list[list[int]]:
-    """Each conversation rendered with the model's chat template, as a served agent's prompt is."""
+def conversation_documents(backend, convs: list[list[dict[str, Any]] | list[int]]) -> list[list[int]]:
+    """Each conversation rendered with the model's chat template, as a served agent's prompt is (token
+    lines as they are)."""
     renderer = PromptRenderer(backend)
-    return [backend.tokenize(renderer.render(msgs)) for msgs in convs]
+    out = []
+    for c in convs:
+        if all(isinstance(t, int) for t in c):
+            out.append([t for t in c if isinstance(t, int)])
+        else:
+            out.append(backend.tokenize(renderer.render([m for m in c if isinstance(m, dict)])))
+    return out
 
 
 def swarm_documents(backend, n: int, tokens_each: int, seed: int = 1) -> list[list[int]]:

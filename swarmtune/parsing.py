@@ -153,6 +153,9 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
                    help="--clients: requests waiting for an agent, at most; past it, 503 with Retry-After")
     g.add_argument("--record", dest="record_path", default=None,
                    help="also write every step and every served request to this file (JSON lines)")
+    g.add_argument("--transcript", dest="transcript_path", default=None,
+                   help="--clients: append each served turn's tokens (prompt, then what it generated) to this "
+                        "JSONL file, for 'swarmtune quality --transcript'")
 
 
 def build_parser() -> argparse.ArgumentParser:

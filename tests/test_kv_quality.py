@@ -126,3 +126,32 @@ def test_quality_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     assert len(lines) <= 2 and "Traceback" not in r.stderr  # argparse prints its usage line first
     if words:
         assert words in r.stderr
+
+
+def test_a_served_turns_tokens_are_written_as_a_transcript_quality_reads(tmp_path):
+    """serve --transcript: each served turn's exact tokens (its prompt, then what it generated), one JSON line,
+    after the listener before it (the metrics'), which `swarmtune quality --transcript` reads as they are."""
+    from swarmtune.engine.quality_texts import conversation_documents, read_transcript
+    from swarmtune.engine.server.transcript import TranscriptWriter
+    from tests.test_served import ask, make, run, toks
+
+    e, served = make()
+    seen = []
+    served.on_finish = lambda req, rec: seen.append(rec.id)  # a listener installed before it
+    path = tmp_path / "t.jsonl"
+    w = TranscriptWriter(str(path))
+    w.listen(served)
+    prompt = toks(e, "system: you are an agent. user: fix the bug in parser.py please " * 3)
+    r, c = ask(e, served, prompt)
+    run(e, lambda: c.done is not None)
+    w.close()
+    [line] = [json.loads(x) for x in path.read_text().splitlines()]
+    assert line["tokens"] == prompt + r.generated and len(r.generated) == 8 and seen == [line["id"]]
+    convs = read_transcript(str(path))
+    assert conversation_documents(e.backend, convs) == [prompt + r.generated]
+    with pytest.raises(UserError):
+        TranscriptWriter(str(tmp_path / "no" / "such" / "dir.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tokens": [1, -2]}\n', encoding="utf-8")
+    with pytest.raises(UserError, match="token ids"):
+        read_transcript(str(bad))

@@ -130,7 +130,10 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
     cached = Counter("swarmtune_prompt_tokens_cached", "prompt tokens whose cells were reused", registry=reg)
     generated = Counter("swarmtune_completion_tokens", "tokens generated for served requests", registry=reg)
 
+    before = served.on_finish
+
     def on_finish(req: ServedRequest, rec: RequestRecord) -> None:
+        before(req, rec)
         if rec.ttft_s is not None:
             ttft.observe(rec.ttft_s)
         for gap in req.token_gaps_s:

@@ -20,6 +20,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from swarmtune.engine.sources.live import LiveSource
 
     if not args.clients:
+        if args.transcript_path:
+            raise UserError("--transcript needs --clients: it writes the conversations your clients send")
         return _dashboard(LiveSource(make_engine(args)))
     from swarmtune.commands.serve import checked_address
     from swarmtune.engine.served import ServedAgents
@@ -30,6 +32,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     assert isinstance(engine.workload, ServedAgents)
     runner = EngineRunner(engine, served=engine.workload, record_path=args.record_path)
+    if args.transcript_path:
+        from swarmtune.engine.server.transcript import TranscriptWriter
+
+        TranscriptWriter(args.transcript_path).listen(engine.workload)
     return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token))
 
 

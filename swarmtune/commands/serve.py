@@ -50,10 +50,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from swarmtune.engine.server.server import ApiServer, make_app
 
     token = checked_address(args)
+    if args.transcript_path and not args.clients:
+        raise UserError("--transcript needs --clients: it writes the conversations your clients send")
     engine = make_engine(args)
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
     runner = EngineRunner(engine, served=served, record_path=args.record_path)
     app = make_app(runner, token, served)
+    transcript = None
+    if args.transcript_path:
+        from swarmtune.engine.server.transcript import TranscriptWriter
+
+        assert served is not None  # --clients, checked above
+        transcript = TranscriptWriter(args.transcript_path)
+        transcript.listen(served)  # after the metrics' listener, which make_app installed
     server = ApiServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                       timeout_graceful_shutdown=3), served)
 
@@ -74,6 +83,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
     server.run()  # uvicorn stops cleanly on SIGINT and SIGTERM; the lifespan stops the engine
+    if transcript is not None:
+        transcript.close()
     if not server.started:
         runner.stop()
         raise UserError(f"could not listen on {args.host}:{args.port}")
