@@ -74,12 +74,13 @@ def test_a_tuner_under_a_budget_q4_0_exceeds_leaves_q4_0_and_never_holds_it_agai
 
 def test_with_the_budget_off_the_check_still_measures_but_decides_nothing(llama_backend):
     e = _engine(llama_backend, "q4_0", None, share=1.0)
-    notes = []
-    while e.now_s() < 20:
+    notes: list[str] = []
+    # until two checks came (a figure needs two), or a minute and a half of a loaded machine
+    while e.now_s() < 90 and sum(n.startswith("quality check") for n in notes) < 2:
         r = e.step()
         if r.kind == "tune":
             notes.append(r.note)
-    assert any(n.startswith("quality check") for n in notes), notes
+    assert sum(n.startswith("quality check") for n in notes) >= 2, notes
     assert e.s.kv == "q4_0" and not any("quality budget" in n for n in notes)
 
 
@@ -114,7 +115,7 @@ def test_a_control_to_a_pair_reaches_the_live_check(llama_backend):
         e.step()
     e.request(Control(kv="q8_0/f16"))
     seen: list[str] = []
-    while e.now_s() < 20 and "q8_0/f16" not in seen:
+    while e.now_s() < 90 and "q8_0/f16" not in seen:
         r = e.step()
         if r.kind == "tune" and r.tune is not None and r.tune.phase == "quality":
             seen.append(r.tune.to_json()["kv"])
