@@ -35,13 +35,14 @@ import itertools
 import json
 import multiprocessing
 import os
-import platform
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
 os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; it costs a real run's steps
+
+from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.profiles import profile
@@ -254,14 +255,6 @@ def figure(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def real_condition(c: dict, build: str) -> dict:

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name  # bench/, next to this script
+
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.kv_quality import measure
 from swarmtune.engine.llama_backend import LlamaBackend
@@ -73,15 +75,6 @@ def llama_cpp_kld(binary: str, model: str, text: str, setting: str, base: Path, 
     return out
 
 
-def cpu_name() -> str:
-    """The CPU's model name (platform.processor() is empty on Linux)."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:

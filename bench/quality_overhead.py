@@ -16,10 +16,11 @@ rounds' ratios; their min-max printed).
 
 import argparse
 import os
-import platform
 import statistics
 
 os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; it costs a real run's steps
+
+from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -45,15 +46,6 @@ def one(backend: LlamaBackend, a, checked: bool) -> tuple[float, int, float]:
     return rate, (q.checks if q else 0), (q.spent_s if q else 0.0)
 
 
-def cpu_name() -> str:
-    """The CPU's model name (platform.processor() is empty on Linux)."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:
