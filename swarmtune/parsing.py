@@ -81,7 +81,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--agents", type=_whole("--agents"), default=8)
     g.add_argument("--batch-cap", type=_whole("--batch-cap"), default=None,
                    help="agents per decode step (default: all)")
-    g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...")
+    g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...; K/V apart: q8_0/f16")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
     g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
