@@ -10,7 +10,8 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -121,6 +122,9 @@ class LlamaBackend:
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self._prefill_row: tuple[int, int] | None = None  # (seq, row) of the last prefill's logits
+        # one sequence whose decode logits are kept (the live quality check compares them with a side context)
+        self._keep_seq: int | None = None
+        self.kept: deque[KeptLogits] = deque()
         self.attn_rot: tuple[bool, ...] = (False, False)
         self._abort_cb: object | None = None  # kept here: llama.cpp holds only the pointer
         # MoE: distinct experts of the last decode step, per MoE layer (measured through an eval callback)
@@ -425,11 +429,21 @@ class LlamaBackend:
                 self._decode()
             finally:
                 self.last_distinct_experts = routing.end()
+        if self._keep_seq is not None and self._keep_seq in seqs:
+            j = seqs.index(self._keep_seq)
+            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.n_vocab,))
+            self.kept.append(KeptLogits(positions[j], tokens[j], self.kv, row.copy()))
         if self._grammars:
             out = [self._sample(s, j) for j, s in enumerate(seqs)]
         else:
             out = [sample(samplers[s], ctx, j) for j, s in enumerate(seqs)]
         return out, time.perf_counter() - t0
+
+    def keep_logits(self, seq: int | None, n: int = 0) -> None:
+        """From now on keep the logits of seq's last n decode positions (a copy of each row, ~200 KB on a 49k
+        vocabulary): what the live setting itself produced there. None stops and forgets them."""
+        self._keep_seq = seq
+        self.kept = deque(maxlen=max(n, 1))
 
     def first_token_after_prefill(self, seq: int) -> int:
         # Only the last llama_decode's output rows exist; sampling any other aborts the process in C.
@@ -537,11 +551,17 @@ class Scorer:
         self.ctx, self.n_vocab, self.n_batch = ctx, n_vocab, n_batch
         self.mem = ll.llama_get_memory(ctx)
 
-    def logits(self, tokens: list[int], first: int) -> np.ndarray:
+    def logits(self, tokens: list[int], first: int, at: Sequence[int] | None = None) -> np.ndarray:
+        """Rows for positions first.. of the window, or, given `at` (positions, ascending), for those only."""
         if not 0 <= first < len(tokens):
             raise ValueError(f"first position {first} outside a window of {len(tokens)} tokens")
+        wanted_at = None if at is None else set(at)
+        if wanted_at is not None and (len(wanted_at) != len(at) or list(at) != sorted(at)
+                                      or not all(first <= p < len(tokens) for p in at)):
+            raise ValueError("positions to score must ascend, once each, within the window from `first`")
         ll.llama_memory_clear(self.mem, True)
-        out = np.empty((len(tokens) - first, self.n_vocab), dtype=np.float32)
+        rows = len(tokens) - first if wanted_at is None else len(wanted_at)
+        out = np.empty((rows, self.n_vocab), dtype=np.float32)
         batch = ll.llama_batch_init(self.n_batch, 0, 1)
         try:
             row = 0
@@ -553,8 +573,9 @@ class Scorer:
                     pos = start + j
                     batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, 1
                     batch.seq_id[j][0] = 0
-                    batch.logits[j] = 1 if pos >= first else 0
-                    wanted += pos >= first
+                    keep = pos >= first if wanted_at is None else pos in wanted_at
+                    batch.logits[j] = 1 if keep else 0
+                    wanted += keep
                 rc = ll.llama_decode(self.ctx, batch)
                 if rc != 0:
                     raise RuntimeError(f"llama_decode returned {rc} in a scoring context")
@@ -565,6 +586,16 @@ class Scorer:
             return out
         finally:
             ll.llama_batch_free(batch)
+
+
+@dataclass(frozen=True)
+class KeptLogits:
+    """One decode position's logits as the live cache produced them (LlamaBackend.keep_logits)."""
+
+    pos: int  # the position of the token fed; the row predicts the token at pos + 1
+    token: int  # the token fed there
+    kv: str  # the live cache's setting when it was computed
+    logits: np.ndarray  # float32, one per vocabulary entry
 
 
 @dataclass(frozen=True)

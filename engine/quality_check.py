@@ -3,23 +3,33 @@ measured on their own histories while the swarm runs, and the ledger of what it 
 
 Now and then (its seconds held to `budget_share` of the run's, measured: the check runs on the engine's
 thread, between steps, and starts only where what it is expected to cost, at the rate the last one measured
-or the engine's own prefill rate, keeps the share within budget after it) one agent's history, the longest
-in the cache, is teacher-forced through two side contexts of the same model: the f16/f16 reference and a
-setting under test (the live one when the swarm runs quantized; else the next setting the tuner may move
-to that has no figure at these contexts). Its
-last CHECK_POSITIONS positions are compared (engine/kv_quality.py: KL of the test's next-token
-distribution from the reference's, top token kept). Figures gather per setting and context band (an
-octave of context: 512-1023 tokens, ...): a band's figure stands for the contexts in it and says nothing of
-longer ones, so a setting's figure goes stale as the swarm's contexts grow out of its band.
+or the engine's own prefill rate, keeps the share within budget after it) the check watches one agent, the
+longest history in the cache.
+- When the swarm runs quantized, the backend keeps the logits the live cache produced at that agent's next
+  CHECK_POSITIONS decode positions (LlamaBackend.keep_logits), and the agent's history up to them is
+  teacher-forced through one side context of the same model at the f16/f16 reference.
+- When it runs f16, the check measures the next setting the tuner may move to that has no figure at these
+  contexts: the agent's last CHECK_POSITIONS positions through two side contexts, the reference and the
+  setting. The live f16 rows cannot stand for the reference: llama.cpp's CPU flash attention computes a
+  one-row decode over an f16 cache with its query rounded to f16 and a prefill's rows in f32 tiles, and the
+  two differ by ~0.003 nats on the default model (as much as q8_0 costs; tests/test_quality_check.py
+  measures it), while over a quantized cache a decode row and a prefill row come out the same, bit for bit.
+The two sides are compared per position (engine/kv_quality.py: KL of the test's next-token distribution from
+the reference's, top token kept). Figures gather per setting and context band (an octave of context:
+512-1023 tokens, ...): a band's figure stands for the contexts in it and says nothing of longer ones, so a
+setting's figure goes stale as the swarm's contexts grow out of its band.
 
-The two side contexts prefill the agent's whole history: that is the check's cost (two prefills of the
-longest context), which is why it is sampled and budgeted, and why it is off on the simulated card (no
-logits there: its quality is not measured, and says so).
+A side context prefills the agent's whole history: that is the check's cost (one prefill of the longest
+context when the swarm runs quantized, two when it runs f16; the live side costs a copy of a row per
+position), which is why it is sampled and budgeted, and why it is off on the simulated card (no logits
+there: its quality is not measured, and says so).
 """
 
 import math
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from swarmtune.engine.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
 from swarmtune.engine.kv_types import kv_pair
@@ -30,6 +40,7 @@ CHECK_POSITIONS = 64  # positions compared per check: two checks of one band rea
 MIN_HISTORY = 2 * CHECK_POSITIONS  # an agent with less history is not checked (too little context to mean much)
 BUDGET_SHARE = 0.02  # the check's seconds, at most this share of the run's (the issue's bar: under 3%)
 FIRST_AFTER_S = 5.0  # no check in the run's first seconds: its histories are still being prefilled
+WATCH_S = 120.0  # a watched agent that has not decoded CHECK_POSITIONS tokens in this long is let go
 DEFAULT_KV_QUALITY = 0.01  # nats: the tuner's default budget of mean KL (docs/quality.md: chosen from measurement)
 # what the tuner may choose from under a quality budget where --tune-kv does not narrow it: the types and
 # K/V pairs worth their bytes (q4_0 K is the one users report breaking agents; it is here so the budget,
@@ -75,6 +86,16 @@ class QualityLedger:
         return [f.to_json() for f in self.figures.values()]
 
 
+@dataclass
+class _Watch:
+    """An agent whose decode logits the backend keeps for the next check."""
+
+    agent_id: int
+    seq: int
+    live: str  # the live setting (label) when the watch began, the one measured: rows of any other are not used
+    since_s: float
+
+
 class QualityCheck:
     """The live check (engine hook): sees every record, now and then measures one setting on one agent."""
 
@@ -85,27 +106,28 @@ class QualityCheck:
         self.spent_s = 0.0  # wall seconds of checks (measured)
         self.checks = 0
         self._next = 0  # which wanted setting is next
-        # what a check costs per token of history it teacher-forces (two side contexts): from the last check,
-        # or before any, from the engine's own prefill chunks (tokens, seconds), measured
+        # what a check costs per token a side context teacher-forces: from the last check, or before any,
+        # from the engine's own prefill chunks (tokens, seconds), measured
         self._check_s_per_token: float | None = None
         self._prefill = [0, 0.0]
+        self._watch: _Watch | None = None
 
     def enabled(self, engine) -> bool:
         return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
 
-    def expected_s(self, history_tokens: int) -> float | None:
-        """What a check of a history this long is expected to cost: two prefills of it at the rate the last
-        check measured, or, before any, at the engine's own prefill rate; None before either is known."""
+    def expected_s(self, history_tokens: int, sides: int = 1) -> float | None:
+        """What a check of a history this long is expected to cost: `sides` prefills of it at the rate the
+        last check measured, or, before any, at the engine's own prefill rate; None before either is known."""
         if self._check_s_per_token is not None:
-            return self._check_s_per_token * history_tokens
+            return self._check_s_per_token * history_tokens * sides
         tokens, seconds = self._prefill
-        return 2 * history_tokens * seconds / tokens if tokens >= 256 and seconds > 0 else None
+        return sides * history_tokens * seconds / tokens if tokens >= 256 and seconds > 0 else None
 
-    def due(self, engine, history_tokens: int) -> bool:
+    def due(self, engine, history_tokens: int, sides: int = 1) -> bool:
         """A check fits: what it is expected to cost, on top of what the checks spent, within budget_share of
         the run so far (so the share holds after it, not only before)."""
         now = engine.now_s()
-        cost = self.expected_s(history_tokens)
+        cost = self.expected_s(history_tokens, sides)
         return now >= FIRST_AFTER_S and cost is not None and self.spent_s + cost <= self.budget_share * now
 
     def observe(self, engine, rec: StepRecord) -> list[TuneEvent]:
@@ -114,50 +136,102 @@ class QualityCheck:
             self._prefill[1] += rec.seconds
         if rec.kind in ("tune", "rebuild") or not self.enabled(engine):
             return []
-        agent = max((a for a in engine.agents if len(a.history) >= MIN_HISTORY), key=lambda a: len(a.history),
-                    default=None)
-        if agent is None or not self.due(engine, len(agent.history)):
+        if self._watch is not None:
+            return self._follow_watch(engine)
+        agent = max((a for a in engine.agents if len(a.history) >= MIN_HISTORY),
+                    key=lambda a: len(a.history), default=None)
+        if agent is None:
             return []
-        setting = self._setting_to_check(engine.s.kv, len(agent.history))
-        if setting is None:
-            return []
-        return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id)]
+        live = kv_pair(engine.s.kv).label
+        if live == REFERENCE:  # two side contexts, now
+            if not self.due(engine, len(agent.history), sides=2):
+                return []
+            setting = self._candidate_to_check(len(agent.history))
+            if setting is None:
+                return []
+            return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id)]
+        # one side context, once the live cache has produced the positions to compare: due at the context
+        # the agent will have reached by then
+        if self.due(engine, len(agent.history) + CHECK_POSITIONS):
+            self._watch = _Watch(agent.id, agent.seq, live, engine.now_s())
+            engine.backend.keep_logits(agent.seq, CHECK_POSITIONS)
+        return []
 
-    def _setting_to_check(self, live: str, context: float) -> str | None:
-        """The live setting where it is not the reference; else the next wanted one short of a figure here."""
-        if kv_pair(live).label != REFERENCE:
-            return kv_pair(live).label
+    def _stop_watch(self, engine) -> None:
+        self._watch = None
+        engine.backend.keep_logits(None)
+
+    def _follow_watch(self, engine) -> list[TuneEvent]:
+        w = self._watch
+        assert w is not None
+        agent = next((a for a in engine.agents if a.id == w.agent_id), None)
+        if (agent is None or agent.seq != w.seq or kv_pair(engine.s.kv).label != w.live
+                or engine.now_s() - w.since_s > WATCH_S):
+            self._stop_watch(engine)  # the agent left the cache, the live setting moved, or it went quiet
+            return []
+        history = agent.history
+        kept = [k for k in engine.backend.kept
+                if kv_pair(k.kv).label == w.live and k.pos < len(history) and history[k.pos] == k.token]
+        if len(kept) < CHECK_POSITIONS:
+            return []
+        self._stop_watch(engine)
+        return [self.check(engine.backend, w.live, list(history), agent_id=agent.id, kept=kept)]
+
+    def _candidate_to_check(self, context: float) -> str | None:
+        """While the swarm runs f16: the next wanted setting short of a figure at this context."""
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
         if not todo:
             return None
         self._next = (self._next + 1) % len(todo)
         return todo[self._next]
 
-    def check(self, backend, setting: str, history: list[int], agent_id: int = -1) -> QualityChecked:
-        """Teacher-force one history through the reference and the setting; add its last positions' figures."""
+    def check(self, backend, setting: str, history: list[int], agent_id: int = -1,
+              kept: list | None = None) -> QualityChecked:
+        """Measure one setting on one history's last positions against f16/f16.
+
+        With `kept` (LlamaBackend.KeptLogits of the live cache, quantized, at some of the history's
+        positions): one side context at the reference teacher-forces the history up to them. Without: two
+        side contexts, the reference and the setting, both teacher-force its last CHECK_POSITIONS."""
         t0 = time.perf_counter()
         n = len(history)
-        first = n - CHECK_POSITIONS - 1  # the last position predicts a token not yet in the history
-        with backend.scorer(REFERENCE, n) as ref_sc:
-            ref = ref_sc.logits(history, first)[:-1]
-        with backend.scorer(setting, n) as sc:
-            test = sc.logits(history, first)[:-1]
+        setting = kv_pair(setting).label
+        if kept:
+            at = sorted(k.pos for k in kept)
+            rows = {k.pos: k.logits for k in kept}
+            live_rows = np.stack([rows[p] for p in at])
+            live = kv_pair(kept[0].kv).label
+            if live != setting or live == REFERENCE:
+                raise ValueError(f"kept rows of a {live} cache cannot measure {setting} (the live setting, "
+                                 f"quantized, is measured on its own rows)")
+            with backend.scorer(REFERENCE, at[-1] + 1) as sc:
+                ref = sc.logits(history[:at[-1] + 1], at[0], at=at)
+            test = live_rows
+            context = at[-1] + 1
+            how = f"the live {live} cache's own logits against a side {REFERENCE}/{REFERENCE} context"
+        else:
+            first = n - CHECK_POSITIONS - 1  # the last position predicts a token not yet in the history
+            with backend.scorer(REFERENCE, n) as ref_sc:
+                ref = ref_sc.logits(history, first)[:-1]
+            with backend.scorer(setting, n) as sc:
+                test = sc.logits(history, first)[:-1]
+            context = n
+            how = f"two side contexts, {setting} and {REFERENCE}/{REFERENCE}"
         kl, same = kl_and_top1(ref, test)
-        band = band_of(n)
+        band = band_of(context)
         f = self.ledger.add(setting, band, kl, same)
         wall = time.perf_counter() - t0
         self.spent_s += wall
-        self._check_s_per_token = wall / n
+        self._check_s_per_token = wall / (context if kept else 2 * context)
         self.checks += 1
         what = (f.line() if f.mean_kl is not None else
                 f"{setting}: {f.positions} positions at contexts {band[0]}-{band[1]} so far "
                 f"(a figure needs {MIN_POSITIONS})")
         return QualityChecked(
             kv=setting, band=list(band), positions=f.positions, mean_kl=_r(f.mean_kl), p99_kl=_r(f.p99_kl),
-            top1_same=_r(f.top1_same), check_kl=round(float(kl.mean()), 6), agent=agent_id, context=n,
+            top1_same=_r(f.top1_same), check_kl=round(float(kl.mean()), 6), agent=agent_id, context=context,
             check_s=round(wall, 3), spent_s=round(self.spent_s, 3),
-            why=f"quality check: agent {agent_id}'s last {len(kl)} positions at context {n} through {setting} "
-                f"against {REFERENCE}/{REFERENCE} ({wall:.2f} s); {what}")
+            why=f"quality check: agent {agent_id}'s {len(kl)} positions up to context {context}, {setting} "
+                f"against {REFERENCE}/{REFERENCE}: {how} ({wall:.2f} s); {what}")
 
 
 def _r(x: float | None) -> float | None:

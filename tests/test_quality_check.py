@@ -7,7 +7,9 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_quality import kl_and_top1
 from swarmtune.engine.quality_check import CHECK_POSITIONS, QualityCheck, QualityLedger, band_of
+from swarmtune.engine.quality_texts import swarm_documents
 from swarmtune.engine.tune import Goal, Tuner
 from tests.conftest import SIM, run_cli
 
@@ -43,6 +45,44 @@ def test_one_check_on_the_default_model(llama_backend):
     assert ev.positions == 2 * CHECK_POSITIONS and ev.mean_kl is not None and ev.mean_kl > 0
     assert q.ledger.mean_kl("q4_0", 300) == pytest.approx(ev.mean_kl, abs=1e-6)
     assert ev.to_json()["phase"] == "quality" and "measured" in ev.source
+
+
+def _decoded(backend, kv: str, history: list[int], start: int) -> list:
+    """The logits a live cache at kv produced, decoding history[start:] one token at a time."""
+    backend.open(kv, 2, 512)
+    backend.seed_sampler(0, 1)
+    backend.prefill(0, history[:start], 0)
+    backend.keep_logits(0, CHECK_POSITIONS)
+    for p in range(start, len(history)):
+        backend.decode([0], [history[p]], [p])
+    kept = list(backend.kept)
+    backend.keep_logits(None)
+    return kept
+
+
+def test_a_quantized_caches_own_logits_stand_for_one_side(llama_backend):
+    """What a live q8_0 cache produced while decoding is what a q8_0 prefill computes, bit for bit: one side
+    context (the reference) measures what two measure at the same positions."""
+    history = swarm_documents(llama_backend, 1, 265)[0][:265]
+    kept = _decoded(llama_backend, "q8_0", history[:264], 200)
+    assert [k.pos for k in kept] == list(range(200, 264)) and all(k.kv == "q8_0" for k in kept)
+    one = QualityCheck().check(llama_backend, "q8_0", history[:264], kept=kept)
+    assert one.positions == CHECK_POSITIONS and "live q8_0 cache's own logits" in one.why and one.context == 264
+    both = QualityCheck().check(llama_backend, "q8_0", history)  # positions 200..263 through two contexts
+    assert one.check_kl == pytest.approx(both.check_kl, abs=1e-6), (one.check_kl, both.check_kl)
+    with pytest.raises(ValueError):
+        QualityCheck().check(llama_backend, "q4_0", history[:264], kept=kept)
+
+
+def test_an_f16_decode_is_no_reference(llama_backend):
+    """Why a swarm at f16 is checked through two side contexts: its own decode rows differ from the reference
+    prefill's by about what q8_0 costs (llama.cpp's CPU flash attention rounds a one-row query to f16)."""
+    history = swarm_documents(llama_backend, 1, 265)[0][:264]
+    live = np.stack([k.logits for k in _decoded(llama_backend, "f16", history, 200)])
+    with llama_backend.scorer("f16", 264) as sc:
+        prefilled = sc.logits(history, 200, at=list(range(200, 264)))
+    kl, _ = kl_and_top1(prefilled, live)
+    assert kl.mean() > 1e-5, kl.mean()
 
 
 def _engine(backend, kv: str, budget: float | None, share: float) -> Engine:
