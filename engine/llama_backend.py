@@ -555,10 +555,11 @@ class Scorer:
         """Rows for positions first.. of the window, or, given `at` (positions, ascending), for those only."""
         if not 0 <= first < len(tokens):
             raise ValueError(f"first position {first} outside a window of {len(tokens)} tokens")
-        wanted_at = None if at is None else set(at)
-        if wanted_at is not None and (len(wanted_at) != len(at) or list(at) != sorted(at)
-                                      or not all(first <= p < len(tokens) for p in at)):
-            raise ValueError("positions to score must ascend, once each, within the window from `first`")
+        wanted_at: set[int] | None = None
+        if at is not None:
+            wanted_at = set(at)
+            if len(wanted_at) != len(at) or list(at) != sorted(at) or not all(first <= p < len(tokens) for p in at):
+                raise ValueError("positions to score must ascend, once each, within the window from `first`")
         ll.llama_memory_clear(self.mem, True)
         rows = len(tokens) - first if wanted_at is None else len(wanted_at)
         out = np.empty((rows, self.n_vocab), dtype=np.float32)
