@@ -761,5 +761,7 @@ class Engine:
 
     def close(self) -> None:
         self.meter.close()
+        if self.quality is not None and hasattr(self.quality, "close"):
+            self.quality.close()  # its side contexts, before the model they run on
         self.backend.close()
 

@@ -27,7 +27,10 @@ there: its quality is not measured, and says so).
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -111,24 +114,29 @@ class QualityCheck:
         self._check_s_per_token: float | None = None
         self._prefill = [0, 0.0]
         self._watch: _Watch | None = None
+        self._sides = _SideContexts()
 
     def enabled(self, engine) -> bool:
         return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
 
-    def expected_s(self, history_tokens: int, sides: int = 1) -> float | None:
-        """What a check of a history this long is expected to cost: `sides` prefills of it at the rate the
-        last check measured, or, before any, at the engine's own prefill rate; None before either is known."""
+    def expected_s(self, tokens: int) -> float | None:
+        """What a check that teacher-forces this many tokens (over its side contexts, those they hold not
+        counted) is expected to cost: at the rate the last check measured, or, before any, at the engine's
+        own prefill rate; None before either is known."""
         if self._check_s_per_token is not None:
-            return self._check_s_per_token * history_tokens * sides
-        tokens, seconds = self._prefill
-        return sides * history_tokens * seconds / tokens if tokens >= 256 and seconds > 0 else None
+            return self._check_s_per_token * tokens
+        done, seconds = self._prefill
+        return tokens * seconds / done if done >= 256 and seconds > 0 else None
 
-    def due(self, engine, history_tokens: int, sides: int = 1) -> bool:
+    def due(self, engine, tokens: int) -> bool:
         """A check fits: what it is expected to cost, on top of what the checks spent, within budget_share of
         the run so far (so the share holds after it, not only before)."""
         now = engine.now_s()
-        cost = self.expected_s(history_tokens, sides)
+        cost = self.expected_s(tokens)
         return now >= FIRST_AFTER_S and cost is not None and self.spent_s + cost <= self.budget_share * now
+
+    def close(self) -> None:
+        self._sides.close()
 
     def observe(self, engine, rec: StepRecord) -> list[TuneEvent]:
         if rec.kind == "prefill" and rec.seconds > 0:
@@ -138,21 +146,27 @@ class QualityCheck:
             return []
         if self._watch is not None:
             return self._follow_watch(engine)
-        agent = max((a for a in engine.agents if len(a.history) >= MIN_HISTORY),
-                    key=lambda a: len(a.history), default=None)
-        if agent is None:
+        eligible = [a for a in engine.agents if len(a.history) >= MIN_HISTORY]
+        if not eligible:
             return []
+        # the agent the side contexts hold, while its history still extends what they hold (a check of it
+        # computes only its new tokens); else the longest history
+        held = next((a for a in eligible if a.id == self._sides.agent_id
+                     and self._sides.reusable(REFERENCE, a.history) >= MIN_HISTORY), None)
+        agent = held or max(eligible, key=lambda a: len(a.history))
+        n = len(agent.history)
         live = kv_pair(engine.s.kv).label
         if live == REFERENCE:  # two side contexts, now
-            if not self.due(engine, len(agent.history), sides=2):
-                return []
-            setting = self._candidate_to_check(len(agent.history))
+            setting = self._candidate_to_check(n)
             if setting is None:
                 return []
-            return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id)]
+            todo = sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
+            if not self.due(engine, todo):
+                return []
+            return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id, n_ctx=agent.limit)]
         # one side context, once the live cache has produced the positions to compare: due at the context
         # the agent will have reached by then
-        if self.due(engine, len(agent.history) + CHECK_POSITIONS):
+        if self.due(engine, n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)):
             self._watch = _Watch(agent.id, agent.seq, live, engine.now_s())
             engine.backend.keep_logits(agent.seq, CHECK_POSITIONS)
         return []
@@ -175,26 +189,27 @@ class QualityCheck:
         if len(kept) < CHECK_POSITIONS:
             return []
         self._stop_watch(engine)
-        return [self.check(engine.backend, w.live, list(history), agent_id=agent.id, kept=kept)]
+        return [self.check(engine.backend, w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
 
     def _candidate_to_check(self, context: float) -> str | None:
         """While the swarm runs f16: the next wanted setting short of a figure at this context."""
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
         if not todo:
             return None
-        self._next = (self._next + 1) % len(todo)
-        return todo[self._next]
+        return todo[self._next % len(todo)]
 
     def check(self, backend, setting: str, history: list[int], agent_id: int = -1,
-              kept: list | None = None) -> QualityChecked:
+              kept: list | None = None, n_ctx: int = 0) -> QualityChecked:
         """Measure one setting on one history's last positions against f16/f16.
 
         With `kept` (LlamaBackend.KeptLogits of the live cache, quantized, at some of the history's
         positions): one side context at the reference teacher-forces the history up to them. Without: two
-        side contexts, the reference and the setting, both teacher-force its last CHECK_POSITIONS."""
+        side contexts, the reference and the setting, both teacher-force its last CHECK_POSITIONS. An agent's
+        side contexts (agent_id >= 0) are held for its next check, of n_ctx cells (its context's limit)."""
         t0 = time.perf_counter()
         n = len(history)
         setting = kv_pair(setting).label
+        computed = 0
         if kept:
             at = sorted(k.pos for k in kept)
             rows = {k.pos: k.logits for k in kept}
@@ -203,17 +218,21 @@ class QualityCheck:
             if live != setting or live == REFERENCE:
                 raise ValueError(f"kept rows of a {live} cache cannot measure {setting} (the live setting, "
                                  f"quantized, is measured on its own rows)")
-            with backend.scorer(REFERENCE, at[-1] + 1) as sc:
+            with self._sides.scorer(backend, REFERENCE, agent_id, max(n_ctx, at[-1] + 1)) as sc:
                 ref = sc.logits(history[:at[-1] + 1], at[0], at=at)
+                computed += sc.computed
             test = live_rows
             context = at[-1] + 1
             how = f"the live {live} cache's own logits against a side {REFERENCE}/{REFERENCE} context"
         else:
             first = n - CHECK_POSITIONS - 1  # the last position predicts a token not yet in the history
-            with backend.scorer(REFERENCE, n) as ref_sc:
+            with self._sides.scorer(backend, REFERENCE, agent_id, max(n_ctx, n)) as ref_sc:
                 ref = ref_sc.logits(history, first)[:-1]
-            with backend.scorer(setting, n) as sc:
+                computed += ref_sc.computed
+            with self._sides.scorer(backend, setting, agent_id, max(n_ctx, n)) as sc:
                 test = sc.logits(history, first)[:-1]
+                computed += sc.computed
+            self._next += 1
             context = n
             how = f"two side contexts, {setting} and {REFERENCE}/{REFERENCE}"
         kl, same = kl_and_top1(ref, test)
@@ -221,7 +240,7 @@ class QualityCheck:
         f = self.ledger.add(setting, band, kl, same)
         wall = time.perf_counter() - t0
         self.spent_s += wall
-        self._check_s_per_token = wall / (context if kept else 2 * context)
+        self._check_s_per_token = wall / max(computed, 1)
         self.checks += 1
         what = (f.line() if f.mean_kl is not None else
                 f"{setting}: {f.positions} positions at contexts {band[0]}-{band[1]} so far "
@@ -231,7 +250,44 @@ class QualityCheck:
             top1_same=_r(f.top1_same), check_kl=round(float(kl.mean()), 6), agent=agent_id, context=context,
             check_s=round(wall, 3), spent_s=round(self.spent_s, 3),
             why=f"quality check: agent {agent_id}'s {len(kl)} positions up to context {context}, {setting} "
-                f"against {REFERENCE}/{REFERENCE}: {how} ({wall:.2f} s); {what}")
+                f"against {REFERENCE}/{REFERENCE}: {how} ({wall:.2f} s, {computed} tokens computed); {what}")
+
+
+class _SideContexts:
+    """Side contexts held between checks, for one agent at a time: a check of its grown history computes
+    only the tokens they do not hold yet (Scorer.reusable), a few hundred where the first computed them all."""
+
+    def __init__(self) -> None:
+        self.agent_id: int | None = None
+        self._scorers: dict[str, Any] = {}
+
+    def reusable(self, setting: str, history: list[int], agent_id: int | None = None) -> int:
+        if agent_id is not None and agent_id != self.agent_id:
+            return 0
+        sc = self._scorers.get(kv_pair(setting).label)
+        return 0 if sc is None else sc.reusable(history, len(history))
+
+    @contextmanager
+    def scorer(self, backend, setting: str, agent_id: int, n_ctx: int) -> Iterator[Any]:
+        if agent_id < 0:  # a one-off: nothing to hold it for
+            with backend.scorer(setting, n_ctx) as sc:
+                yield sc
+            return
+        if agent_id != self.agent_id:
+            self.close()
+            self.agent_id = agent_id
+        sc = self._scorers.get(setting)
+        if sc is None or sc.n_ctx < n_ctx:
+            if sc is not None:
+                sc.close()
+            sc = self._scorers[setting] = backend.new_scorer(setting, n_ctx)
+        yield sc
+
+    def close(self) -> None:
+        for sc in self._scorers.values():
+            sc.close()
+        self._scorers.clear()
+        self.agent_id = None
 
 
 def _r(x: float | None) -> float | None:

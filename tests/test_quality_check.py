@@ -2,6 +2,8 @@
 within its budget of the run's time; its ledger per context band; a tuner under a quality budget leaves a
 setting measured past it and never picks one not measured within it."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,26 @@ def test_a_quantized_caches_own_logits_stand_for_one_side(llama_backend):
     assert one.check_kl == pytest.approx(both.check_kl, abs=1e-6), (one.check_kl, both.check_kl)
     with pytest.raises(ValueError):
         QualityCheck().check(llama_backend, "q4_0", history[:264], kept=kept)
+
+
+def _computed(why: str) -> int:
+    return int(re.search(r"(\d+) tokens computed", why).group(1))
+
+
+def test_an_agents_side_contexts_are_held_and_compute_only_what_is_new(llama_backend):
+    """A check of the same agent's grown history reuses what its side contexts hold, and measures what a
+    fresh pair of contexts measures (the reference's rows in chunks of 64 or more, as before)."""
+    history = swarm_documents(llama_backend, 1, 700)[0][:700]
+    q = QualityCheck()
+    try:
+        first = q.check(llama_backend, "q8_0", history[:500], agent_id=0, n_ctx=1024)
+        again = q.check(llama_backend, "q8_0", history, agent_id=0, n_ctx=1024)
+    finally:
+        q.close()
+    assert _computed(first.why) == 2 * 500 and _computed(again.why) == 2 * 200
+    fresh = QualityCheck().check(llama_backend, "q8_0", history)
+    assert _computed(fresh.why) == 2 * 700
+    assert again.check_kl == pytest.approx(fresh.check_kl, abs=1e-6), (again.check_kl, fresh.check_kl)
 
 
 def test_an_f16_decode_is_no_reference(llama_backend):
