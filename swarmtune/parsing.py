@@ -149,6 +149,12 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
     g.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     g.add_argument("--token", default=None, help="bearer token, the clients' API key (or SWARMTUNE_TOKEN); "
                                                  "required off loopback")
+    g.add_argument("--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
+                   help="without a token, also answer requests whose Host is NAME (loopback names always are; "
+                        "'*' any); repeatable")
+    g.add_argument("--allow-origin", dest="allow_origins", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (e.g. http://localhost:3000; '*' any) call the API; "
+                        "repeatable")
     g.add_argument("--max-queue", type=_positive_int("--max-queue"), default=64,
                    help="--clients: requests waiting for an agent, at most; past it, 503 with Retry-After")
     g.add_argument("--record", dest="record_path", default=None,

@@ -19,14 +19,16 @@ class HostedSource:
     capabilities = Capabilities(controls=True, pause=True, seek=False)
 
     def __init__(self, runner: EngineRunner, served: ServedAgents, host: str, port: int,
-                 token: str | None) -> None:
+                 token: str | None, allow_hosts: tuple[str, ...] = (),
+                 allow_origins: tuple[str, ...] = ()) -> None:
         self.runner = runner
         runner.hosted = True
         self.served = served
         self.mode = "SIMULATED" if runner.engine.backend.source == "simulated" else ""
         self.url = f"http://{host}:{port}"
-        self.server = ApiServer(uvicorn.Config(make_app(runner, token, served), host=host, port=port,
-                                               log_level="warning", timeout_graceful_shutdown=2), served)
+        app = make_app(runner, token, served, allow_hosts, allow_origins)
+        self.server = ApiServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               timeout_graceful_shutdown=2), served)
         self._thread = threading.Thread(target=self.server.run, name="api", daemon=True)
 
     @property

@@ -85,7 +85,10 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
         return body, request.headers.get(AGENT_HEADER) or body.user or None
 
     @app.get("/v1/models", summary="the loaded model (a request naming another is served by it)")
-    async def models() -> dict[str, Any]:
+    async def models() -> Any:
+        if bridge.runner.error:  # a client that lists models to see whether the server works learns it does not
+            return JSONResponse(error_body(f"the engine stopped: {bridge.runner.error}", "server_error", None,
+                                           "engine_stopped"), status_code=503)
         # meta, as llama-server's: how prompts are rendered and which call format replies are read for (a
         # template of an unknown family is offered and read in the Hermes format)
         return {"object": "list", "data": [{"id": model, "object": "model", "created": bridge.created,

@@ -5,12 +5,14 @@ type, an unknown role, an empty conversation or a value out of range is a 400 in
 field, and changes nothing."""
 
 import json
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
+import numpy as np
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_BODY_BYTES = 16 * 1024 * 1024  # a prompt this large is far past any agent's context anyway
+MAX_DEPTH = 32  # nesting of a body's arrays and objects: the deepest API shape is a handful
 MAX_STOP = 4
 M = TypeVar("M", bound=BaseModel)
 
@@ -167,19 +169,63 @@ class CompletionRequest(SamplingFields):
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadRequest(f"the body is {len(raw)} bytes; at most {MAX_BODY_BYTES} are accepted")
+    """A body as a JSON object, or one line saying why not (its size is the server's front door's: guard.py)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequest(f"the body is not valid UTF-8 (byte {e.start})") from None
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"the body nests {depth} arrays and objects deep; at most {MAX_DEPTH} are accepted")
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise BadRequest(f"the body is not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # an integer past Python's digit limit, or NaN/Infinity (not JSON)
+        raise BadRequest(f"the body is not JSON a server can read: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
+    if (bad := _unreadable(body)) is not None:
+        raise BadRequest(f"the body holds {bad}")
     return body
+
+
+def _depth(text: str) -> int:
+    """How deep a JSON text's brackets nest (those in strings not counted), read before parsing it: Python's
+    parser recurses, and a body a million brackets deep would end it with a RecursionError."""
+    brackets = _STRING.sub("", text).encode("utf-8", "surrogatepass")
+    b = np.frombuffer(brackets, dtype=np.uint8)
+    steps = ((b == 91) | (b == 123)).astype(np.int32) - ((b == 93) | (b == 125)).astype(np.int32)  # [{ and ]}
+    return int(np.cumsum(steps).max(initial=0))
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+MAX_NUMBER = 2**53  # past it a JSON number is not exact in most clients' parsers, and no field takes one
+
+
+def _unreadable(v: Any) -> str | None:
+    """What in a parsed body no field can take, in words, if anything: a number past 2^53 (or 1e400, read as
+    infinity), or a string with a lone UTF-16 surrogate (JSON's "\\ud800" escapes one; UTF-8 cannot hold it)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        if abs(v) <= MAX_NUMBER:
+            return None
+        shown = str(v)[:24] + "..." if isinstance(v, int) else str(v)
+        return f"the number {shown}, past {MAX_NUMBER} (2^53), which no field takes"
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"a string with a lone surrogate (\\u{ord(v[e.start]):04x}), which is no character"
+        return None
+    if isinstance(v, dict):
+        return next((bad for k, x in v.items() if (bad := _unreadable(k) or _unreadable(x)) is not None), None)
+    return next((bad for x in v if (bad := _unreadable(x)) is not None), None)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def validated(model: type[M], body: dict[str, Any]) -> M:

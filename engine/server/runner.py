@@ -1,9 +1,14 @@
 """The engine in a thread of its own, its records kept and fanned out to any number of readers.
 
 A reader gets a bounded queue; when a slow reader's queue is full the oldest record is dropped, so a
-stuck client can never stall the engine (the client sees the gap in step indexes)."""
+stuck client can never stall the engine (the client sees the gap in step indexes).
+
+If the engine dies, it says so at once everywhere a client waits: every served request ends with an error,
+every step stream with an error event (step DIED), and `on_death` hears the cause (serve logs it and exits
+non-zero, for a supervisor to restart it)."""
 
 import asyncio
+import json
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -15,6 +20,8 @@ from swarmtune.engine.rolling import RollingRate
 from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.sources.live import LiveSource
 from swarmtune.engine.sources.protocol import Sink
+
+DIED = -1  # the step index of the last item a step stream gets when the engine died: its data is the cause
 
 
 @dataclass(eq=False)
@@ -51,6 +58,7 @@ class EngineRunner:
         self.rolling = RollingRate()
         self.queue_size = queue_size
         self.error: str | None = None
+        self.on_death: Callable[[str], None] | None = None  # called once, in the engine's thread, with the cause
         self.ready = threading.Event()
         self._subs: set[Subscriber] = set()
         self._lock = threading.Lock()
@@ -96,12 +104,25 @@ class EngineRunner:
             own.progress, own.every_s = sink.progress, sink.every_s
         try:
             self.source.run(own, cancelled=lambda: cancelled() or self._stop.is_set())
-        except Exception as e:  # reported through /v1/state, never a dead thread in silence
+        except Exception as e:  # never a dead thread in silence
             self.error = f"{type(e).__name__}: {e}"
+            self._died()
             if sink is not None:
                 raise
         finally:
             self.ready.set()
+
+    def _died(self) -> None:
+        """Every waiting client hears it now: served requests end with an error, step streams with one."""
+        msg = f"the engine stopped: {self.error}"
+        if self.served is not None:
+            self.served.close_all(msg)
+        with self._lock:
+            subs = list(self._subs)
+        for s in subs:
+            s.push((DIED, json.dumps({"error": msg})))
+        if self.on_death is not None:
+            self.on_death(msg)
 
     def _started(self, header: dict) -> None:
         self.header = header

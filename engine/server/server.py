@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,14 +26,15 @@ from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.server.anthropic_api import add_anthropic_routes
 from swarmtune.engine.server.bridge import Bridge
+from swarmtune.engine.server.guard import Guard, GuardPolicy
 from swarmtune.engine.server.metrics import make_registry
 from swarmtune.engine.server.openai_api import add_openai_routes
-from swarmtune.engine.server.openai_schema import error_body
+from swarmtune.engine.server.openai_schema import BadRequest, error_body, parse_json
 from swarmtune.engine.server.responses_api import add_responses_routes
-from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.engine.server.runner import DIED, EngineRunner
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
-OPEN_PATHS = ("/metrics",)
+OPEN_PATHS = ("/metrics", "/health")
 
 
 class ControlBody(BaseModel):
@@ -120,7 +121,8 @@ def _invalid(field: str, msg: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body", field], "msg": msg, "type": "value_error"}]}, status_code=422)
 
 
-def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None) -> FastAPI:
+def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None,
+             allow_hosts: tuple[str, ...] = (), allow_origins: tuple[str, ...] = ()) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if not runner.running and not runner.ready.is_set():
@@ -174,8 +176,14 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
                     last, sent = step, sent + 1
                     if limit and sent >= limit:
                         return
+                if runner.error:
+                    yield {"event": "error", "data": json.dumps({"error": f"the engine stopped: {runner.error}"})}
+                    return
                 while True:
                     step, line = await sub.queue.get()
+                    if step == DIED:  # the engine died: this stream has nothing more to wait for
+                        yield {"event": "error", "data": line}
+                        return
                     if step <= last:
                         continue
                     yield {"id": str(step), "event": "step", "data": line}
@@ -188,8 +196,20 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         return EventSourceResponse(events(), ping=10, send_timeout=30)
 
     @app.post("/v1/control", response_model=Settings, summary="change batch cap, KV type, agents or pause",
-              responses={400: {"description": "the body is not JSON"}})
-    async def control(body: ControlBody):
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": ControlBody.model_json_schema()}}}},
+              responses={400: {"description": "the body is not a JSON object: one line in `detail`"},
+                         413: {"description": "the body is past 64 KiB"},
+                         422: {"description": "a field is wrong: `detail` names it, as FastAPI does"}})
+    async def control(request: Request):
+        # parsed here, not by FastAPI: the same checks as the chat routes' (depth, numbers, UTF-8), each a line
+        try:
+            body = ControlBody.model_validate(parse_json(await request.body()))
+        except BadRequest as e:
+            return JSONResponse({"detail": str(e)}, status_code=400)
+        except ValidationError as e:
+            err = e.errors()[0]
+            return _invalid(".".join(str(x) for x in err["loc"]) or "body", err["msg"])
         st = runner.engine.state()
         try:  # validated by the engine, in one place: the same line as from a flag, a key or a typed command
             if c := Control.from_http(body.model_dump(exclude={"paused"})):
@@ -199,6 +219,16 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         if body.paused is not None:
             runner.paused = body.paused
         return _settings(st, runner.paused)
+
+    @app.get("/health", summary="200 while the engine runs; 503 while it loads or after it stopped",
+             responses={503: {"description": "loading, or the engine stopped (the cause: /v1/state)"}})
+    async def health() -> JSONResponse:
+        # open without the token, as /metrics (a supervisor's probe has none): the status only, no cause
+        if runner.error:
+            return JSONResponse({"status": "error"}, status_code=503)
+        if not runner.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", summary="Prometheus exposition", response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
@@ -219,4 +249,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
                              "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     app.add_middleware(BearerAuth, token=token)
+    # outermost: a foreign Host, a cross-site page or an oversized body is refused before anything else runs
+    app.add_middleware(Guard, policy=GuardPolicy(token=token, allow_hosts=tuple(h.lower() for h in allow_hosts),
+                                                 allow_origins=allow_origins))
     return app

@@ -36,7 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from swarmtune.engine.server.transcript import TranscriptWriter
 
         TranscriptWriter(args.transcript_path).listen(engine.workload)
-    return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token))
+    return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token,
+                                   allow_hosts=tuple(args.allow_hosts), allow_origins=tuple(args.allow_origins)))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:

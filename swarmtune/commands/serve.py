@@ -40,6 +40,16 @@ def checked_address(args: argparse.Namespace) -> str | None:
     return token
 
 
+def stop_on_engine_death(runner, server) -> None:
+    """A dead engine ends the server: its cause in one line, then a non-zero exit (cmd_serve) for a
+    supervisor to restart it; every client waiting was told already (EngineRunner)."""
+    def died(message: str) -> None:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        server.should_exit = True
+
+    runner.on_death = died
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import threading
 
@@ -55,7 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
     runner = EngineRunner(engine, served=served, record_path=args.record_path)
-    app = make_app(runner, token, served)
+    app = make_app(runner, token, served, allow_hosts=tuple(args.allow_hosts),
+                   allow_origins=tuple(args.allow_origins))
     transcript = None
     if args.transcript_path:
         from swarmtune.engine.server.transcript import TranscriptWriter
@@ -78,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       f"{' but the token' if token else ''})", file=sys.stderr, flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
+    stop_on_engine_death(runner, server)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it
     # found installed: make that one a no-op, so a clean stop exits 0 rather than dying by the signal
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,4 +100,4 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not server.started:
         runner.stop()
         raise UserError(f"could not listen on {args.host}:{args.port}")
-    return 0
+    return 1 if runner.error else 0  # the engine died (said above, in one line): a supervisor restarts it
