@@ -3,8 +3,8 @@ measured on their own histories while the swarm runs, and the ledger of what it 
 
 Now and then (its seconds held to `budget_share` of the run's, measured: the check runs on the engine's
 thread, between steps, and starts only where what it is expected to cost, at the rate the last one measured
-or the engine's own prefill rate, keeps the share within budget after it) the check watches one agent, the
-longest history in the cache.
+or the engine's own prefill rate, keeps the share within budget after it) the check measures one agent: the
+one it measured last while its history grows, else the longest history whose check fits the budget now.
 - When the swarm runs quantized, the backend keeps the logits the live cache produced at that agent's next
   CHECK_POSITIONS decode positions (LlamaBackend.keep_logits), and the agent's history up to them is
   teacher-forced through one side context of the same model at the f16/f16 reference.
@@ -19,10 +19,12 @@ the reference's, top token kept). Figures gather per setting and context band (a
 512-1023 tokens, ...): a band's figure stands for the contexts in it and says nothing of longer ones, so a
 setting's figure goes stale as the swarm's contexts grow out of its band.
 
-A side context prefills the agent's whole history: that is the check's cost (one prefill of the longest
-context when the swarm runs quantized, two when it runs f16; the live side costs a copy of a row per
-position), which is why it is sampled and budgeted, and why it is off on the simulated card (no logits
-there: its quality is not measured, and says so).
+A side context prefills the agent's history: that is the check's cost (one prefill when the swarm runs
+quantized, two when it runs f16; the live side costs a copy of a row per position), which is why it is
+sampled and budgeted, and why it is off on the simulated card (no logits there: its quality is not
+measured, and says so). The side contexts are held between checks of one agent, so a check of its grown
+history computes only what is new: the first check of an agent is the dear one, and comes as soon as the
+budget covers it, on a short history, which the next checks follow as it grows.
 """
 
 import math
@@ -146,30 +148,39 @@ class QualityCheck:
             return []
         if self._watch is not None:
             return self._follow_watch(engine)
-        eligible = [a for a in engine.agents if len(a.history) >= MIN_HISTORY]
-        if not eligible:
-            return []
-        # the agent the side contexts hold, while its history still extends what they hold (a check of it
-        # computes only its new tokens); else the longest history
-        held = next((a for a in eligible if a.id == self._sides.agent_id
-                     and self._sides.reusable(REFERENCE, a.history) >= MIN_HISTORY), None)
-        agent = held or max(eligible, key=lambda a: len(a.history))
-        n = len(agent.history)
         live = kv_pair(engine.s.kv).label
+        setting = live if live != REFERENCE else self._candidate_to_check(engine)
+        if setting is None:
+            return []
+        agent = self._agent_to_check(engine, setting, live)
+        if agent is None:
+            return []
         if live == REFERENCE:  # two side contexts, now
-            setting = self._candidate_to_check(n)
-            if setting is None:
-                return []
-            todo = sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
-            if not self.due(engine, todo):
-                return []
             return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id, n_ctx=agent.limit)]
-        # one side context, once the live cache has produced the positions to compare: due at the context
-        # the agent will have reached by then
-        if self.due(engine, n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)):
-            self._watch = _Watch(agent.id, agent.seq, live, engine.now_s())
-            engine.backend.keep_logits(agent.seq, CHECK_POSITIONS)
+        # one side context, once the live cache has produced the positions to compare
+        self._watch = _Watch(agent.id, agent.seq, live, engine.now_s())
+        engine.backend.keep_logits(agent.seq, CHECK_POSITIONS)
         return []
+
+    def _cost_tokens(self, agent, setting: str, live: str) -> int:
+        """Tokens a check of this agent would compute: what its side contexts do not hold yet (the reference,
+        up to the positions still to be decoded, while the swarm runs quantized; both while it runs f16)."""
+        n = len(agent.history)
+        if live != REFERENCE:
+            return n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)
+        return sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
+
+    def _agent_to_check(self, engine, setting: str, live: str):
+        """The agent the side contexts hold, while its history still extends what they hold (a check of it
+        computes only its new tokens); else the longest history whose check fits the budget now, so that a
+        first check comes early, on a short history, and the next ones follow it as it grows."""
+        eligible = sorted((a for a in engine.agents if len(a.history) >= MIN_HISTORY), key=lambda a: -len(a.history))
+        held = [a for a in eligible if a.id == self._sides.agent_id
+                and self._sides.reusable(REFERENCE, a.history) >= MIN_HISTORY]
+        for a in held + [a for a in eligible if a not in held]:
+            if self.due(engine, self._cost_tokens(a, setting, live)):
+                return a
+        return None
 
     def _stop_watch(self, engine) -> None:
         self._watch = None
@@ -191,8 +202,9 @@ class QualityCheck:
         self._stop_watch(engine)
         return [self.check(engine.backend, w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
 
-    def _candidate_to_check(self, context: float) -> str | None:
-        """While the swarm runs f16: the next wanted setting short of a figure at this context."""
+    def _candidate_to_check(self, engine) -> str | None:
+        """While the swarm runs f16: the next wanted setting short of a figure at the swarm's longest context."""
+        context = max((len(a.history) for a in engine.agents), default=0)
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
         if not todo:
             return None
