@@ -146,11 +146,14 @@ class ServedAgents:
 
     # the server's threads
     def submit(self, req: ServedRequest) -> None:
-        """Queue a request (any thread). Busy when the queue is full, or the server is closing."""
+        """Queue a request (any thread). Busy when the queue is full, or the server is closing. A request
+        waits in the queue until the engine's next step gives it an agent, so the queue holds the agents
+        free now on top of max_queue: a burst on an idle server is admitted up to both."""
         with self._lock:
             if self._closing:
                 raise Busy(0, retry_after_s=5, why="the server is shutting down")
-            if len(self._queue) >= self.max_queue:
+            free = max(0, len(self._agents) - self.busy_agents)  # as the engine's last step left them
+            if len(self._queue) >= self.max_queue + free:
                 raise Busy(len(self._queue), retry_after_s=1)
             self._queue.append(req)
         self._wake.set()

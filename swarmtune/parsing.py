@@ -155,6 +155,9 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
     g.add_argument("--allow-origin", dest="allow_origins", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN (e.g. http://localhost:3000; '*' any) call the API; "
                         "repeatable")
+    g.add_argument("--hide-text", action="store_true",
+                   help="the API's step records (/v1/state, /v1/steps) carry no conversation text: each agent's "
+                        "tail is empty (a --record file keeps it)")
     g.add_argument("--max-queue", type=_positive_int("--max-queue"), default=64,
                    help="--clients: requests waiting for an agent, at most; past it, 503 with Retry-After")
     g.add_argument("--record", dest="record_path", default=None,

@@ -5,6 +5,7 @@ no browser page of another origin."""
 
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -159,3 +160,43 @@ def test_with_a_token_the_host_is_not_the_check():
     with served("--sim", SIM, "--token", "t0k") as s:
         assert _raw_get(s.url, "/v1/state", {"Host": "gpu-box.lan"})[0] == 401  # the token is
         assert _raw_get(s.url, "/v1/state", {"Host": "gpu-box.lan", "Authorization": "Bearer t0k"})[0] == 200
+
+
+def test_the_api_can_hide_the_conversations():
+    """Step records carry each agent's latest text (its tail); --hide-text keeps it off the API."""
+    for flags, shown in (((), True), (("--hide-text",), False)):
+        with served("--sim", SIM, *flags) as s:
+            tails: list[str] = []
+            for _ in range(100):
+                step = httpx.get(s.url + "/v1/state").json()["step"]
+                tails = [a["tail"] for a in (step or {}).get("agents", [])]
+                if any(tails) or (not shown and step and step["step"] > 50):
+                    break
+                time.sleep(0.1)
+            assert any(tails) is shown, tails
+            with httpx.stream("GET", s.url + "/v1/steps?from=0&limit=20") as r:
+                events = [json.loads(ln[5:]) for ln in r.iter_lines() if ln.startswith("data:")]
+            assert events and any(a["tail"] for e in events for a in e["agents"]) is shown
+
+
+def test_a_client_that_stops_reading_its_stream_holds_nothing(clients_server):
+    """A streaming client that never reads: its replies wait in its own queue and socket, the engine steps
+    on and serves the others."""
+    url = clients_server.url
+    host, port = url.split("//")[1].split(":")
+    body = json.dumps({"messages": [{"role": "user", "content": "write on and on"}], "max_tokens": 300,
+                       "stream": True})
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json"
+                  f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())  # and never read
+    try:
+        n0 = httpx.get(url + "/v1/state").json()["step"]["step"]
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert time.monotonic() - t0 < 20
+        assert httpx.get(url + "/v1/state").json()["step"]["step"] > n0 + 8
+    finally:
+        sock.close()

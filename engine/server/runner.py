@@ -12,7 +12,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.records import RecordWriter, StepRecord
@@ -43,8 +43,9 @@ class Subscriber:
 
 class EngineRunner:
     def __init__(self, engine: Engine, history: int = 4096, queue_size: int = 256, pace_sim: bool = True,
-                 served: ServedAgents | None = None, record_path: str | None = None) -> None:
+                 served: ServedAgents | None = None, record_path: str | None = None, hide_text: bool = False) -> None:
         self.engine = engine
+        self.hide_text = hide_text  # the API's step records carry no conversation text (the record file does)
         self.served = served  # the HTTP clients' agents, when the engine serves them
         # every step and every served request, each line flushed as written
         self.recorder = RecordWriter(record_path) if record_path else None
@@ -141,7 +142,7 @@ class EngineRunner:
                 for q in done:
                     self.recorder.write(q)
         for r in records:
-            line = r.to_json()
+            line = self.public_json(r)
             with self._lock:
                 self.history.append((r.step, line))
                 self.latest = r
@@ -151,6 +152,12 @@ class EngineRunner:
                 subs = list(self._subs)
             for s in subs:
                 s.push((r.step, line))
+
+    def public_json(self, r: StepRecord) -> str:
+        """A step record as the API shows it: without each agent's text where the server hides it."""
+        if self.hide_text:
+            r = replace(r, agents=[replace(a, tail="") for a in r.agents])
+        return r.to_json()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop stepping and wait for the step in flight: the engine is freed only after."""

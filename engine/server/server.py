@@ -35,6 +35,7 @@ from swarmtune.engine.server.runner import DIED, EngineRunner
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
 OPEN_PATHS = ("/metrics", "/health")
+PAUSE_WAIT_S = 30.0  # a pause waits for the step in flight, at most this long
 
 
 class ControlBody(BaseModel):
@@ -148,7 +149,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         r = runner.latest
         st = runner.engine.state()
         return {
-            "step": json.loads(r.to_json()) if r else None,
+            "step": json.loads(runner.public_json(r)) if r else None,
             "settings": _settings(st, runner.paused).model_dump(),
             "tokens_per_second": runner.rolling.tokens_per_second,
             "error": runner.error,
@@ -200,7 +201,8 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
                   "application/json": {"schema": ControlBody.model_json_schema()}}}},
               responses={400: {"description": "the body is not a JSON object: one line in `detail`"},
                          413: {"description": "the body is past 64 KiB"},
-                         422: {"description": "a field is wrong: `detail` names it, as FastAPI does"}})
+                         422: {"description": "a field is wrong: `detail` names it, as FastAPI does"},
+                         503: {"description": "a pause that did not hold within 30 s (a long step in flight)"}})
     async def control(request: Request):
         # parsed here, not by FastAPI: the same checks as the chat routes' (depth, numbers, UTF-8), each a line
         try:
@@ -218,6 +220,11 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
             return _invalid(e.field or "body", str(e))
         if body.paused is not None:
             runner.paused = body.paused
+            if body.paused and runner.running and not runner.error:
+                # answer once it holds: the step in flight done and published, none after this answer
+                if not await asyncio.to_thread(runner.source.wait_held, PAUSE_WAIT_S):
+                    return JSONResponse({"detail": f"the pause did not hold within {PAUSE_WAIT_S:.0f} s (a long "
+                                                   "step in flight); it holds after it"}, status_code=503)
         return _settings(st, runner.paused)
 
     @app.get("/health", summary="200 while the engine runs; 503 while it loads or after it stopped",

@@ -21,8 +21,9 @@ SEEKED = Seeked()
 
 
 def drive(next_record: Callable[[], StepRecord | Seeked | None], sink: Sink, cancelled: Callable[[], bool],
-          paused: Callable[[], bool], pacer: Pacer | None = None) -> None:
-    """next_record() returns None when it has nothing now (a replay at its end), SEEKED after a seek."""
+          paused: Callable[[], bool], pacer: Pacer | None = None, on_held: Callable[[], None] | None = None) -> None:
+    """next_record() returns None when it has nothing now (a replay at its end), SEEKED after a seek.
+    on_held: called each time a pause holds (no step in flight, every record handed over)."""
     buf: list[StepRecord] = []
     last = time.perf_counter()
 
@@ -34,12 +35,15 @@ def drive(next_record: Callable[[], StepRecord | Seeked | None], sink: Sink, can
 
     try:
         while not cancelled():
-            rec = None if paused() else next_record()
+            held = paused()
+            rec = None if held else next_record()
             if isinstance(rec, Seeked):
                 buf = []
                 continue
             if rec is None:
                 flush()
+                if held and on_held is not None:
+                    on_held()
                 time.sleep(IDLE_S)
                 if pacer:
                     pacer.reset()

@@ -1,6 +1,7 @@
 """A live engine as a source: the engine stepped by the paced driver; simulated time plays at wall-clock
 pace (unless the consumer wants the engine's full rate)."""
 
+import threading
 from collections.abc import Callable
 
 from swarmtune.engine.control import Control
@@ -16,9 +17,25 @@ class LiveSource:
 
     def __init__(self, engine: Engine, pace_sim: bool = True) -> None:
         self.engine = engine
-        self.paused = False
+        self._paused = False
+        self._held = threading.Event()  # a pause holds: no step in flight, every record handed to the sink
         self.pace_sim = pace_sim
         self.mode = "SIMULATED" if engine.backend.source == "simulated" else ""
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if value and not self._paused:
+            self._held.clear()
+        self._paused = value
+
+    def wait_held(self, timeout_s: float) -> bool:
+        """After pausing: True once the driver holds (the step in flight done and handed over), False if it
+        did not within timeout_s (a long rebuild, or no driver running)."""
+        return self._held.wait(timeout_s)
 
     def header(self) -> dict:
         return self.engine.header()
@@ -38,7 +55,7 @@ class LiveSource:
         sink.header(eng.header())
         # simulated time at wall-clock pace, or it outruns any screen
         pacer = Pacer() if eng.backend.source == "simulated" and self.pace_sim else None
-        drive(eng.step, sink, cancelled, lambda: self.paused, pacer)
+        drive(eng.step, sink, cancelled, lambda: self._paused, pacer, on_held=self._held.set)
 
     def stop(self) -> None:
         pass  # the driver and the engine look at `cancelled` often enough

@@ -31,7 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     token = checked_address(args)
     engine = make_engine(args)
     assert isinstance(engine.workload, ServedAgents)
-    runner = EngineRunner(engine, served=engine.workload, record_path=args.record_path)
+    runner = EngineRunner(engine, served=engine.workload, record_path=args.record_path, hide_text=args.hide_text)
     if args.transcript_path:
         from swarmtune.engine.server.transcript import TranscriptWriter
 

@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError("--transcript needs --clients: it writes the conversations your clients send")
     engine = make_engine(args)
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
-    runner = EngineRunner(engine, served=served, record_path=args.record_path)
+    runner = EngineRunner(engine, served=served, record_path=args.record_path, hide_text=args.hide_text)
     app = make_app(runner, token, served, allow_hosts=tuple(args.allow_hosts),
                    allow_origins=tuple(args.allow_origins))
     transcript = None
