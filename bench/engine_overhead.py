@@ -3,11 +3,11 @@
 The engine runs the swarm (scheduler, workload, records); every backend call it makes is logged.
 The minimal loop then replays exactly those calls on a fresh context with raw llama-cpp-python:
 same batches, positions and tokens, same per-row sampling, no scheduler and no records.
-Rounds pair the two sides on the same calls and alternate which runs first (engine then loop, then loop
-then engine: the loop replays the calls the engine made last, and the seeded engine makes the same calls
-each round, which the bench checks and prints). Each round's ratio is loop seconds over engine seconds; the
-figure is the median of the rounds, their min-max beside it. The bar: ratio >= 0.95. Last line:
-`ratio: X (lo-hi)`.
+Rounds alternate which side runs first: engine then loop (the loop replays the calls the engine just
+made), then loop then engine (the loop replays the last round's calls, the engine makes its own: the tool
+waits are wall-clock, so its calls differ a little from round to round, and both counts are printed). Each
+round's ratio is the engine's tokens/s over the loop's; the figure is the median of the rounds, their
+min-max beside it. The bar: ratio >= 0.95. Last line: `ratio: X (lo-hi)`.
 """
 
 import argparse
@@ -97,7 +97,7 @@ def engine_run(b: LoggingBackend, s: EngineSettings, steps: int) -> tuple[float,
         r = e.step()
         tokens += r.tokens
     elapsed = time.perf_counter() - t0
-    return elapsed, tokens, b.calls
+    return elapsed, tokens, list(b.calls)  # a copy: the next engine's start logs into b.calls
 
 
 def main() -> None:
@@ -115,22 +115,24 @@ def main() -> None:
                        check=a.check)
     ratios: list[float] = []
     calls: list[tuple] = []
+    calls_tokens = 0
     for r in range(a.rounds):
         engine_first = r % 2 == 0 or not calls
         if not engine_first:
-            t_min = minimal_loop(b, calls, a.kv, a.agents, a.ctx)
+            t_min, min_tokens, replayed = minimal_loop(b, calls, a.kv, a.agents, a.ctx), calls_tokens, calls
         t_engine, tokens, made = engine_run(b, EngineSettings(**vars(s)), a.steps)
-        same = not calls or made == calls
-        if engine_first or not same:  # the loop replays exactly what the engine just did
-            calls = made
-            t_min = minimal_loop(b, calls, a.kv, a.agents, a.ctx)
-        n_dec = sum(1 for c in calls if c[0] == "d")
-        ratios.append(t_min / t_engine)
+        if engine_first:
+            t_min, min_tokens, replayed = minimal_loop(b, made, a.kv, a.agents, a.ctx), tokens, made
+        calls, calls_tokens = made, tokens
+        ratios.append((tokens / t_engine) / (min_tokens / t_min))
+
+        def what(c: list[tuple], n: int) -> str:
+            return f"{len(c)} calls, {sum(1 for x in c if x[0] == 'd')} decode steps, {n} tokens"
+
         print(f"round {r + 1} ({'engine' if engine_first else 'loop'} first): engine {tokens / t_engine:.1f} tok/s "
-              f"({t_engine:.2f} s), minimal loop {tokens / t_min:.1f} tok/s ({t_min:.2f} s), ratio {ratios[-1]:.3f}; "
-              f"{len(calls)} calls, {n_dec} decode steps, {tokens} tokens (measured)"
-              + ("" if same else "; the engine's calls differed from the last round's: the loop ran after it"),
-              flush=True)
+              f"({t_engine:.2f} s; {what(made, tokens)}), minimal loop {min_tokens / t_min:.1f} tok/s "
+              f"({t_min:.2f} s; {'the same calls' if replayed is made else what(replayed, min_tokens)}), "
+              f"ratio {ratios[-1]:.3f} (measured)", flush=True)
     b.close()
     print(f"rounds: {', '.join(f'{x:.3f}' for x in ratios)} (cache check {'on' if a.check else 'off'})")
     print(f"ratio: {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
