@@ -4,13 +4,13 @@ seeded workload, same seconds, in alternated rounds (on then off, the next round
 The swarm runs at q8_0, so the check always has the live setting to measure (at f16 it measures only
 what the tuner may move to, and stops once that has its figures): the dearest case. Its default budget is
 2% of the run's seconds (engine/quality_check.py), a check starting only where what it is expected to
-cost keeps that share; a check of a 1,000-token history costs seconds on a 2-core CPU, so a run needs
-minutes to hold any. The bar is a ratio >= 0.97. Each run's rate is decode
-tokens over the engine's clock (wall seconds since start), the check's own seconds included, since it
-runs between steps on the engine's thread. Last line: `quality check overhead ratio: X` (the median of the
-rounds' ratios; their min-max printed).
+cost keeps that share; an agent's first check costs a prefill of its history (seconds on a 2-core CPU),
+the next ones its new tokens, so a run needs minutes to hold several. The bar is a ratio >= 0.97. Each
+run's rate is decode tokens over the engine's clock (wall seconds since start), the check's own seconds
+included, since it runs between steps on the engine's thread. Last line: `quality check overhead ratio:
+X` (the median of the rounds' ratios; their min-max printed).
 
-    python bench/quality_overhead.py                # 3 rounds of 2 x 150 s (~16 minutes)
+    python bench/quality_overhead.py                # 3 rounds of 2 x 300 s (~31 minutes)
     python bench/quality_overhead.py --rounds 5 --seconds 300
 """
 
@@ -51,7 +51,7 @@ def one(backend: LlamaBackend, a, checked: bool) -> tuple[float, int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=150.0)
+    ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--kv", default="q8_0")
