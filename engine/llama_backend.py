@@ -567,12 +567,17 @@ class Scorer:
     def reusable(self, tokens: list[int], first: int) -> int:
         """How many of a window's first tokens its cache already holds and need not be computed again: the
         common prefix with what it holds, short of `first` (the rows wanted are computed, never kept)."""
-        n = 0
-        for a, b in zip(self.held, tokens[:first], strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
+        n = min(len(self.held), first)
+        if self.held[:n] == tokens[:n]:  # the usual case (a history that grew), compared in C
+            return n
+        lo, hi = 0, n  # else the longest common prefix, by bisection on prefix equality
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.held[:mid] == tokens[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def logits(self, tokens: list[int], first: int, at: Sequence[int] | None = None) -> np.ndarray:
         """Rows for positions first.. of the window, or, given `at` (positions, ascending), for those only."""

@@ -174,7 +174,11 @@ class QualityCheck:
         """The agent the side contexts hold, while its history still extends what they hold (a check of it
         computes only its new tokens); else the longest history whose check fits the budget now, so that a
         first check comes early, on a short history, and the next ones follow it as it grows."""
-        eligible = sorted((a for a in engine.agents if len(a.history) >= MIN_HISTORY), key=lambda a: -len(a.history))
+        # while quantized, the agent must decode CHECK_POSITIONS more tokens before its context is full (and
+        # its task starts again): room for them and some of the tool results between its turns
+        room = 0 if live == REFERENCE else 2 * CHECK_POSITIONS
+        eligible = sorted((a for a in engine.agents if len(a.history) >= MIN_HISTORY
+                           and a.limit - len(a.history) >= room), key=lambda a: -len(a.history))
         held = [a for a in eligible if a.id == self._sides.agent_id
                 and self._sides.reusable(REFERENCE, a.history) >= MIN_HISTORY]
         for a in held + [a for a in eligible if a not in held]:
@@ -195,8 +199,10 @@ class QualityCheck:
             self._stop_watch(engine)  # the agent left the cache, the live setting moved, or it went quiet
             return []
         history = agent.history
-        kept = [k for k in engine.backend.kept
-                if kv_pair(k.kv).label == w.live and k.pos < len(history) and history[k.pos] == k.token]
+        kept = [k for k in engine.backend.kept if kv_pair(k.kv).label == w.live]
+        if any(k.pos >= len(history) or history[k.pos] != k.token for k in kept):
+            self._stop_watch(engine)  # its history was replaced (a new task, a full context): start again
+            return []
         if len(kept) < CHECK_POSITIONS:
             return []
         self._stop_watch(engine)
