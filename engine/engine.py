@@ -108,6 +108,8 @@ class Engine:
         self.meter = meter or NoMeter("n/a: no power source chosen")
         self.analysis = StepAnalysis(self.facts, backend.source, self.meter.watts_at)
         self.should_stop: Callable[[], bool] = lambda: False  # checked between the chunks of a long rebuild
+        # a pause is wanted: the tuner's look (seconds of forecasting on a big simulated swarm) gives way
+        self.should_yield: Callable[[], bool] = lambda: False
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
         self._moves: list[Move] = []  # residency moves since the last record: swaps out and in, drops

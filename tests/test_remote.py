@@ -79,6 +79,20 @@ def test_control_and_invalid_bodies(sim_server):
     c.control(residency="keep", autotune=False)
 
 
+def test_a_pause_holds_at_once_while_the_tuner_looks(sim_server):
+    # the tuner's look forecasts a simulated swarm for seconds within one step, and a residency switch makes
+    # the next simulated steps long: neither may hold up a pause (CI saw one answer after the client's 10 s)
+    c = SwarmClient(sim_server.url)
+    c.control(agents=64, residency="swap")
+    time.sleep(0.3)
+    c.control(autotune=True)
+    time.sleep(0.1)  # its first look starts on the next record and runs for seconds
+    t0 = time.perf_counter()
+    assert c.control(paused=True)["paused"]
+    assert time.perf_counter() - t0 < 2.0
+    c.control(paused=False, residency="keep", agents=8, autotune=False)
+
+
 def test_a_stuck_client_cannot_stall_the_engine(sim_server):
     host, port = sim_server.url.split("//")[1].split(":")
     sock = socket.create_connection((host, int(port)))

@@ -51,8 +51,9 @@ def drive(next_record: Callable[[], StepRecord | Seeked | None], sink: Sink, can
             buf.append(rec)
             if time.perf_counter() - last >= sink.every_s:
                 flush()
-            if pacer:  # after the hand-over: a pause that arrives while it waits stops the next step
-                pacer.wait(rec.t, cancelled)
+            if pacer:  # a pause that arrives while it waits ends the wait: one simulated step can be
+                # seconds long (histories rebuilt after a residency switch) and the pause answers once held
+                pacer.wait(rec.t, lambda: cancelled() or paused())
     except Interrupted:  # asked to stop in the middle of a long step
         pass
     finally:

@@ -50,6 +50,7 @@ class LiveSource:
         eng = self.engine
         eng.progress = sink.progress
         eng.should_stop = cancelled  # a long rebuild stops between its chunks
+        eng.should_yield = lambda: self._paused or cancelled()
         if not eng.started:
             eng.start()
         sink.header(eng.header())

@@ -44,6 +44,7 @@ from swarmtune.engine.tune.tally import SpanTally, Tally
 from swarmtune.engine.tune_events import Decision, Experimented, Probed, Spent, Trial, TuneEvent
 
 FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
+YIELD_EVERY_STEPS = 64  # how often a forecast looks whether a pause wants the engine thread
 # a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
 # does: a fit of a few steps at one batch size says little about the others
 MIN_OWN_FIT_SAMPLES = 32
@@ -465,6 +466,8 @@ class Tuner:
         end = start + horizon
         steps = 0
         while shadow.now_s() < end and steps < 200_000:
+            if steps % YIELD_EVERY_STEPS == 0 and engine.should_yield():
+                return None  # a pause answers once the step in flight ends: this look is given up
             try:
                 r = shadow.step()
             except (Stalled, UserError):  # the budget cannot run the swarm this way: not a candidate (a
