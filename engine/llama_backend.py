@@ -102,6 +102,7 @@ class LlamaBackend:
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self._full = np.zeros(self.n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        self._eog: tuple[int, ...] | None = None  # the end-of-generation tokens, found when first wanted
         self.ctx = None
         self.mem = None
         self._ctx_stack = ExitStack()
@@ -332,6 +333,11 @@ class LlamaBackend:
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
+    def _eog_tokens(self) -> tuple[int, ...]:
+        if self._eog is None:  # once per model: 49k calls, ~20 ms
+            self._eog = tuple(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
+        return self._eog
+
     def seed_sampler(self, seq: int, seed: int) -> None:
         self.set_sampler(seq, SamplingParams(seed=seed))
 
@@ -348,6 +354,10 @@ class LlamaBackend:
             self._grammars[seq] = g
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
+        if p.ignore_eos:  # as llama-server does it: every end-of-generation token biased to -inf, first
+            eog = self._eog_tokens()
+            bias = (ll.llama_logit_bias * len(eog))(*(ll.llama_logit_bias(t, -math.inf) for t in eog))
+            add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
         if p.penalised:
             add(chain, ll.llama_sampler_init_penalties(p.penalty_last_n, 1.0, p.frequency_penalty, p.presence_penalty))
         if p.greedy:

@@ -18,6 +18,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64  # how many of its last tokens the penalties look at (llama.cpp's default)
     grammar: str | None = None  # GBNF every token must keep to (a tool call, a JSON schema); None: free
+    ignore_eos: bool = False  # never draw an end of generation: the turn runs to its max_tokens (benchmarks)
 
     @property
     def greedy(self) -> bool:

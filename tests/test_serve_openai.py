@@ -186,6 +186,18 @@ def test_a_stop_sequence_never_shows(server):
     assert "".join(parts) == full[: full.index(stop)]
 
 
+def test_ignore_eos_generates_max_tokens_as_llama_server_does(server):
+    c = client(server)
+    msgs = [{"role": "user", "content": "Answer with the single word yes."}]
+    short = c.chat.completions.create(model="m", messages=msgs, max_tokens=48, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 48
+    full = c.chat.completions.create(model="m", messages=msgs, max_tokens=48, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 48
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "ignore_eos": "yes"})
+    assert r.status_code == 400 and "ignore_eos" in r.json()["error"]["message"]
+
+
 async def test_eight_conversations_reuse_their_cells_turn_after_turn(server):
     c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x")
 

@@ -75,6 +75,7 @@ class Sampling:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    ignore_eos: bool = False  # an extension, as llama-server and vLLM take it
 
     def params(self, grammar: str | None) -> SamplingParams:
         return SamplingParams(
@@ -86,6 +87,7 @@ class Sampling:
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             grammar=grammar,
+            ignore_eos=self.ignore_eos,
         )
 
 

@@ -49,7 +49,7 @@ def normalised(m: Message) -> dict[str, Any]:
 def sampling_of(body: SamplingFields) -> Sampling:
     body.check_supported()
     return Sampling(body.temperature, body.top_p, body.top_k, body.min_p, body.seed, body.presence_penalty,
-                    body.frequency_penalty)
+                    body.frequency_penalty, body.ignore_eos)
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:

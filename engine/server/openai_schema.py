@@ -94,6 +94,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
+    ignore_eos: bool = False  # an extension (llama-server's, vLLM's): generate max_tokens, past any end
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
