@@ -1,16 +1,20 @@
 """swarmtune serve --clients against llama.cpp's own llama-server, side by side, on one seeded client swarm.
 
-The swarm: N concurrent conversations over real HTTP with streaming. Each turn generates up to T tokens,
-then appends a tool result of about M tokens (a slice of Python's standard library, as the synthetic
-swarm's are) after a lognormal wait, until the contexts pass 1,000 tokens. Both servers load the same
-model with the same llama.cpp, the same total context (N x --ctx, split into N slots), KV type, threads
-and flash attention; llama-server keeps its prompt cache on, as it defaults, and its weights unrepacked
-(swarmtune's default: repacking crashes AMX CPUs). The two run alternately, A B B A, and each figure is
-the mean of a server's runs.
+The swarm: N concurrent conversations over real HTTP with streaming. Each turn generates exactly T tokens
+(`ignore_eos`, which both servers honour: the same tokens generated on both sides), then appends a tool
+result of about M tokens (a slice of Python's standard library, as the synthetic swarm's are) after a
+lognormal wait, until the contexts pass 1,000 tokens. Both servers load the same model with the same
+llama.cpp, the same total context (N x --ctx, split into N slots), KV type, threads, flash attention and
+batch sizes (llama-server `-b`/`-ub` set to swarmtune's 256, its defaults being 2048/512); llama-server
+keeps its prompt cache on, as it defaults, and its weights unrepacked (swarmtune's default: repacking
+crashes AMX CPUs). The tool results and waits are the same on both sides; the replies' text differs, so
+the prompt tokens each server received are printed and must agree within PROMPT_TOLERANCE.
 
-Prints for each: aggregate decode tokens/s (completion tokens over the swarm's wall time), time to first
-token p50/p99 for first turns and for returning turns, and the prompt tokens processed again (prefilled
-beyond what each turn added). Last line: `ratio: X`, swarmtune's tokens/s over llama-server's.
+Runs alternate, A B B A A B ... (--rounds pairs, at least 3). Prints for each run its tokens/s (completion
+tokens over the swarm's wall time), then per server the median, the time to first token p50/p99 for first
+and returning turns, the prompt tokens received and prefilled per turn, and the prompt tokens processed
+again (prefilled beyond what each turn added). Last line: `ratio: X (lo-hi)`, the median of the paired
+runs' ratios of swarmtune's tokens/s over llama-server's, and the lowest and highest of them.
 
     python bench/serve_vs_llama_server.py            # builds llama-server first where missing (~11 min)
 """
@@ -35,6 +39,8 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+BATCH = 256  # swarmtune's n_batch = n_ubatch (its prefill chunk); llama-server is given the same
+PROMPT_TOLERANCE = 0.02  # the two sides' prompt tokens per turn may differ by this much (their replies' text)
 
 
 @dataclass
@@ -85,8 +91,8 @@ async def conversation(http: httpx.AsyncClient, i: int, a: argparse.Namespace, c
             {"role": "user", "content": f"Task {i}: find why module {i} raises on an empty input and fix it."}]
     last = 0  # the last turn's prompt and reply, tokens
     for n in range(a.turns):
-        body = {"model": "m", "messages": msgs, "max_tokens": a.gen_tokens, "temperature": 0.7, "seed": a.seed + i,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {"model": "m", "messages": msgs, "max_tokens": a.gen_tokens, "ignore_eos": True, "temperature": 0.7,
+                "seed": a.seed + i, "stream": True, "stream_options": {"include_usage": True}}
         t0 = time.perf_counter()
         ttft, text, usage, timings = None, [], None, None
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -148,7 +154,8 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
                str(a.agents), "--ctx", str(a.ctx), "--kv", a.kv, "--threads", str(a.threads)]
     else:
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(a.agents), "-c", str(a.agents * a.ctx),
-               "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", "--no-repack", "--no-webui"]
+               "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", "--no-repack", "--no-webui",
+               "-b", str(BATCH), "-ub", str(BATCH)]
     env = dict(os.environ, SWARMTUNE_CHECK="0")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -174,15 +181,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--turns", type=int, default=6, help="turns per conversation (contexts pass 1,000 tokens)")
-    p.add_argument("--gen-tokens", type=int, default=64, help="T: the most tokens a turn generates")
+    p.add_argument("--gen-tokens", type=int, default=64, help="T: the tokens every turn generates")
     p.add_argument("--tool-tokens", type=int, default=160, help="M: about this many tokens of tool result per turn")
     p.add_argument("--wait-s", type=float, default=0.5, help="the median wait between turns (lognormal, sigma 0.5)")
     p.add_argument("--ctx", type=int, default=2048, help="context per agent (llama-server: -c agents x ctx)")
     p.add_argument("--kv", default="f16")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3, help="runs a side, alternated (at least 3)")
     p.add_argument("--llama-server", default=None, help="the binary (default: built by bench/build_llama_server.sh)")
     a = p.parse_args()
+    if a.rounds < 3:
+        p.error("--rounds must be at least 3: fewer cannot show the spread")
     from swarmtune.engine.default_model import default_model_path
 
     model = str(default_model_path())
@@ -190,8 +200,12 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs; model {Path(model).name}; {a.agents} conversations x {a.turns} turns, "
           f"T={a.gen_tokens}, M~{a.tool_tokens}, wait median {a.wait_s} s; KV {a.kv}, {a.threads} threads",
           flush=True)
+    print(f"batch sizes: both {BATCH}/{BATCH} (n_batch/n_ubatch); llama-server -np {a.agents} "
+          f"-c {a.agents * a.ctx}; every turn generates {a.gen_tokens} tokens (ignore_eos)", flush=True)
     runs: dict[str, list[Run]] = {"swarmtune": [], "llama-server": []}
-    for name in ("swarmtune", "llama-server", "llama-server", "swarmtune"):
+    order = [name for r in range(a.rounds)
+             for name in (("swarmtune", "llama-server") if r % 2 == 0 else ("llama-server", "swarmtune"))]
+    for name in order:
         proc, url = start(name, a, model, llama_server)
         try:
             run = asyncio.run(swarm(url, a, name))
@@ -199,23 +213,36 @@ def main() -> int:
             stop(proc)
         runs[name].append(run)
         ctx = max(t.prompt_tokens + t.completion_tokens for t in run.turns)
-        print(f"  {name:12s} {run.tokens_per_s:7.2f} tok/s over {run.wall_s:5.1f} s (contexts up to {ctx} tokens)",
-              flush=True)
-    print(f"{'measured':12s} {'tok/s':>7s} {'TTFT first p50/p99 s':>22s} {'TTFT returning p50/p99 s':>26s} "
-          f"{'prompt tokens again':>20s}")
-    mean = statistics.fmean
+        print(f"  {name:12s} {run.tokens_per_s:7.2f} tok/s over {run.wall_s:5.1f} s, "
+              f"{sum(t.completion_tokens for t in run.turns)} tokens generated, "
+              f"{sum(t.prompt_tokens for t in run.turns)} prompt tokens (contexts up to {ctx})", flush=True)
+    print(f"{'median':12s} {'tok/s':>7s} {'TTFT first p50/p99 s':>22s} {'TTFT returning p50/p99 s':>26s} "
+          f"{'prompt/turn':>12s} {'prefilled/turn':>15s} {'again':>6s}")
+    med = statistics.median
     for name, rs in runs.items():
-        print(f"{name:12s} {mean(r.tokens_per_s for r in rs):7.2f} "
-              f"{mean(r.ttft(True, 0.5) for r in rs):10.3f} / {mean(r.ttft(True, 0.99) for r in rs):8.3f}  "
-              f"{mean(r.ttft(False, 0.5) for r in rs):12.3f} / {mean(r.ttft(False, 0.99) for r in rs):8.3f}  "
-              f"{mean(r.reprocessed for r in rs):18.0f}")
-    ours, theirs = (mean(r.tokens_per_s for r in runs[n]) for n in ("swarmtune", "llama-server"))
-    ttft_ours, ttft_theirs = (mean(r.ttft(False, 0.5) for r in runs[n]) for n in ("swarmtune", "llama-server"))
+        n_turns = len(rs[0].turns)
+        print(f"{name:12s} {med(r.tokens_per_s for r in rs):7.2f} "
+              f"{med(r.ttft(True, 0.5) for r in rs):10.3f} / {med(r.ttft(True, 0.99) for r in rs):8.3f}  "
+              f"{med(r.ttft(False, 0.5) for r in rs):12.3f} / {med(r.ttft(False, 0.99) for r in rs):8.3f}  "
+              f"{med(sum(t.prompt_tokens for t in r.turns) for r in rs) / n_turns:12.1f} "
+              f"{med(sum(t.processed_tokens for t in r.turns) for r in rs) / n_turns:15.1f} "
+              f"{med(r.reprocessed for r in rs):6.0f}")
+    generated = {n: {sum(t.completion_tokens for t in r.turns) for r in rs} for n, rs in runs.items()}
+    prompts = {n: med(sum(t.prompt_tokens for t in r.turns) for r in rs) for n, rs in runs.items()}
+    gap = abs(prompts["swarmtune"] / prompts["llama-server"] - 1)
+    print(f"tokens generated per run: swarmtune {sorted(generated['swarmtune'])}, "
+          f"llama-server {sorted(generated['llama-server'])}; prompt tokens differ by {gap:.1%} "
+          f"(tolerance {PROMPT_TOLERANCE:.0%})")
+    ttft_ours, ttft_theirs = (med(r.ttft(False, 0.5) for r in runs[n]) for n in ("swarmtune", "llama-server"))
     print(f"returning-turn TTFT p50: swarmtune {ttft_ours:.3f} s vs llama-server {ttft_theirs:.3f} s "
           f"({'no worse' if ttft_ours <= ttft_theirs else 'worse'})")
-    print(f"ratio: {ours / theirs:.3f}")
+    if len(generated["swarmtune"] | generated["llama-server"]) != 1 or gap > PROMPT_TOLERANCE:
+        print("not like with like: the sides generated different token counts or received different prompts")
+        return 1
+    ratios = [o.tokens_per_s / t.tokens_per_s for o, t in zip(runs["swarmtune"], runs["llama-server"], strict=True)]
+    print("paired runs' ratios: " + ", ".join(f"{r:.3f}" for r in ratios))
+    print(f"ratio: {med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
