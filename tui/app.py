@@ -27,6 +27,7 @@ from swarmtune.tui.widgets.status import StatusLine
 
 KV_CYCLE = ("f16", "q8_0", "q4_0")
 UI_INTERVAL_S = 0.25  # at most 4 batches of records a second reach the UI
+EAGER_S = 1.0  # after a control, records reach the UI one by one for this long: its effect shows at once
 # How often each panel repaints at most: numbers twice a second, plots (the costly renders) less often.
 # A panel is due when the clock enters a new one of its intervals, and the intervals are multiples of
 # each other, so panels due together repaint in one compositor frame. On a small CPU the UI thread's time
@@ -84,6 +85,8 @@ class SwarmApp(App):
         self._painted: dict[type, float] = {}
         self._painted_tick: dict[type, int] = {}  # the interval (now // its length) each panel last painted in
         self._force_status = True  # a pause, a seek or a status change shows at once
+        self._shown_setting: tuple | None = None  # (KV, cap, agents) of the record the status line last showed
+        self._sink: Sink | None = None
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -138,6 +141,7 @@ class SwarmApp(App):
             seeked=lambda before: void(self.post_message(Seeked(before))),
             every_s=UI_INTERVAL_S,
         )
+        self._sink = sink
         try:
             self.source.run(sink, cancelled=lambda: worker.is_cancelled)
         except Exception as e:  # shown on screen, never a traceback
@@ -202,6 +206,11 @@ class SwarmApp(App):
             if r.kind == "tune":  # every decision of the tuner, and its outcome, is a line on screen
                 self.notify(r.note, title="tuner", timeout=12)
         self._dirty = True
+        last = self.stats.latest
+        if last is not None and (last.kv_type, last.batch_cap, len(last.agents)) != self._shown_setting:
+            # a setting the engine now runs at (a key's, the tuner's) shows now, not at the status's next tick
+            self._force_status = True
+            self.refresh_panels()
 
     def on_engine_progress(self, message: EngineProgress) -> None:
         if not self.screen_stack:
@@ -250,6 +259,8 @@ class SwarmApp(App):
             self._force_status = False
             s.tuner_on = bool(self.source.state().autotune)
             self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
+            if s.latest is not None:
+                self._shown_setting = (s.latest.kv_type, s.latest.batch_cap, len(s.latest.agents))
         for panel in (AgentsTable, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
             # Plots cost the most to render; on a small CPU that time is taken from the engine's thread
             # (each ctypes call must win the GIL back), so they repaint less often than the numbers.
@@ -276,6 +287,13 @@ class SwarmApp(App):
         # the setting shows at once, not at the next paint: a key's effect is what the user waits for
         self._dirty = self._force_status = True
         self.refresh_panels()
+        if self._sink is not None:  # and the record that applies it comes at once, not in the next batch
+            self._sink.every_s = 0.0
+            self.set_timer(EAGER_S, self._batch_again)
+
+    def _batch_again(self) -> None:
+        if self._sink is not None:
+            self._sink.every_s = UI_INTERVAL_S
 
     def action_cycle_kv(self) -> None:
         cur = self.source.state().kv
