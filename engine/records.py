@@ -128,6 +128,15 @@ class RequestRecord:
     finish_reason: str  # stop | length | cancelled (its client left) | error
     e2e_s: float  # arrival to its end
     endpoint: str = ""  # chat | completions
+    copied_tokens: int = 0  # of cached_tokens, the cells copied from another agent's (a shared prefix)
+    copied_from: int = -1  # that agent
+    # why it prefilled what its conversation had held, or that it was new (engine/cache_miss.py): the first
+    # prompt position not reused, the cause (a word, and in words), the text there before and now
+    miss_at: int | None = None
+    miss_cause: str = ""
+    miss_words: str = ""
+    miss_old: str = ""
+    miss_new: str = ""
     type: str = "request"
 
     def to_json(self) -> str:

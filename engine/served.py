@@ -19,11 +19,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
+from swarmtune.engine import cache_miss
 from swarmtune.engine.agent_source import TrafficShape
 from swarmtune.engine.backend import Backend
+from swarmtune.engine.cache_miss import CacheMiss
 from swarmtune.engine.records import RequestRecord
 from swarmtune.engine.sampling import SamplingParams
 from swarmtune.engine.text_stream import TextStream
@@ -34,6 +36,7 @@ from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
 # a copy came 0.24x as late as after prefilling a 32-token prefix, 0.064x at 256, 0.039x at 1,024
 MIN_COPY_TOKENS = 16
 SHAPE_TURNS = 64  # the traffic's shape (what a turn generates, adds, waits) is the median of this many turns
+DISPLACED_KEPT = 64  # displaced conversations remembered, to say so when one comes back
 
 
 class Busy(Exception):
@@ -93,6 +96,10 @@ class ServedRequest:
     token_gaps_s: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     prefilled_tokens: int = 0
+    copied_tokens: int = 0  # of cached_tokens, the cells copied from another agent's
+    copied_from: int = -1  # that agent
+    miss: CacheMiss | None = None  # why it prefilled what its conversation had held, or that it is new
+    system_tokens: int = 0  # where the system prompt ends in `prompt` (0: unknown)
     completion_tokens: int = 0
     generated: list[int] = field(default_factory=list)  # the tokens whose text was sent
     finish_reason: str | None = None
@@ -137,6 +144,9 @@ class ServedAgents:
         self._last_used: dict[int, float] = {}
         self._replied_at: dict[int, float] = {}
         self._prompt_end: dict[int, int] = {}  # agent id -> the length of the last prompt it took
+        # conversations displaced from their agent, newest last: (their tokens, who displaced them), so that
+        # one coming back can be told it was displaced rather than new
+        self._displaced: deque[tuple[list[int], str]] = deque(maxlen=DISPLACED_KEPT)
         self._agents: list[Agent] = []
         self._gen: deque[int] = deque(maxlen=SHAPE_TURNS)
         self._added: deque[int] = deque(maxlen=SHAPE_TURNS)
@@ -340,13 +350,17 @@ class ServedAgents:
         return lru, False  # displaces the least recently used
 
     def _assign(self, a: Agent, continues: bool, req: ServedRequest) -> None:
+        gone = (self._known(a), a.label) if not continues and self._known(a) else None
         if not continues:
             self.start_task(a)
-        keep = common_prefix(self._known(a), req.prompt)
+        held = self._known(a)
+        keep = common_prefix(held, req.prompt)
         if a.id in self._replied_at and keep:
             self._waits.append(time.perf_counter() - self._replied_at.pop(a.id))
             self._added.append(len(req.prompt) - keep)
             self._reshape()
+        dropped = a.residency is Residency.NONE and keep > 0
+        keep_all = keep
         keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
         self._rewind(a, keep)
         if not a.history and not a.pending and self.copy_prefix:
@@ -355,16 +369,64 @@ class ServedAgents:
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
         req.agent, req.assigned = a.id, time.perf_counter()
         self._active[a.id] = req
-        self._prompt_end[a.id] = len(req.prompt)
         self._last_used[a.id] = req.assigned
         if req.key is not None:
             self._keys[a.id] = req.key
         a.label = req.key or self._keys.get(a.id, "") or f"conversation {a.tasks}"
+        req.miss = self._why(a, held, keep_all, req, dropped)
+        if gone is not None:
+            self._displaced.append((gone[0], a.label))
+        self._prompt_end[a.id] = len(req.prompt)
         a.reused_tokens = req.cached_tokens
         a.tool_pending = req.prompt[len(self._known(a)) :]
         a.tool_ready_at = 0.0  # the engine's _wake_tools brings its history back and queues the suffix
         a.turn_generated, a.next_token, a.turn_text = 0, None, ""
         self.backend.set_sampler(a.seq, req.params)
+
+    def _why(self, a: Agent, held: list[int], keep: int, req: ServedRequest, dropped: bool) -> CacheMiss | None:
+        """Why req prefilled what its conversation had held (None: nothing but its new suffix)."""
+        if dropped:
+            return cache_miss.dropped(req.cached_tokens)
+        if held:
+            return self._diverged(a, held, keep, req) if keep < len(held) else None
+        if (back := self._came_back(req)) is not None:
+            return back
+        donor = next((d for d in self._agents if d.id == req.copied_from), None)
+        if donor is not None and 0 < req.system_tokens and req.copied_tokens > req.system_tokens + MIN_COPY_TOKENS:
+            # it shares more than the system prompt (and the next message's header) with another conversation:
+            # that one, edited (it stays whole on its agent for its own return)
+            m = cache_miss.diverged(self._known(donor), req.prompt, req.copied_tokens, req.system_tokens, self._text)
+            return replace(m, words=f"{m.words} ({req.copied_tokens:,} tokens copied from agent {donor.id}, "
+                                    "whose conversation stays whole)")
+        return cache_miss.new_conversation(req.copied_tokens, f"agent {req.copied_from}")
+
+    def _diverged(self, a: Agent, held: list[int], keep: int, req: ServedRequest) -> CacheMiss | None:
+        """Why a continuing conversation's prompt left its history at `keep` (None: only the one token
+        every turn prefills)."""
+        if keep >= len(req.prompt) - 1:
+            return None
+        text = self._text
+        end = self._prompt_end.get(a.id)
+        if end is not None and keep >= end:
+            n = len(held) - keep
+            return CacheMiss(keep, "reply", f"the client sent the last reply back in other tokens: its last {n:,} "
+                             "tokens prefilled again", text(held[keep : keep + cache_miss.EXCERPT_TOKENS]),
+                             text(req.prompt[keep : keep + cache_miss.EXCERPT_TOKENS]))
+        return cache_miss.diverged(held, req.prompt, keep, req.system_tokens, text)
+
+    def _text(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.backend.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def _came_back(self, req: ServedRequest) -> CacheMiss | None:
+        """A conversation displaced earlier that comes back: it matches one further than any agent does."""
+        best, by = 0, ""
+        for tokens, who in self._displaced:
+            n = common_prefix(tokens, req.prompt)
+            if n > best:
+                best, by = n, who
+        if best <= max(req.copied_tokens, MIN_COPY_TOKENS):
+            return None
+        return cache_miss.displaced(req.copied_tokens, by)
 
     def _rewind(self, a: Agent, keep: int) -> None:
         """Keep only the first `keep` tokens of its conversation."""
@@ -393,6 +455,7 @@ class ServedAgents:
         self.backend.copy(best.seq, a.seq)
         self.backend.truncate(a.seq, n)
         a.history = req.prompt[:n]
+        req.copied_tokens, req.copied_from = n, best.id
 
     def _wait_for_client(self, a: Agent) -> None:
         a.state = AgentState.TOOL
@@ -430,8 +493,11 @@ class ServedAgents:
             cached_tokens=req.cached_tokens, prefilled_tokens=req.prefilled_tokens,
             ttft_s=round(req.first_token - req.arrival, 6) if req.first_token is not None else None,
             completion_tokens=req.completion_tokens, finish_reason=req.finish_reason,
-            e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint,
+            e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint, copied_tokens=req.copied_tokens,
+            copied_from=req.copied_from,
         )
+        if (m := req.miss) is not None:
+            rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)
         with self._lock:
             self._records.append(rec)
         self.on_finish(req, rec)

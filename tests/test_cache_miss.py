@@ -1,0 +1,125 @@
+"""Why a served turn lost its cache, said per request (engine/cache_miss.py), on the sim backend: the first
+position it did not reuse, the text there, and the cause in words."""
+
+from swarmtune.engine.cache_miss import diverged
+from swarmtune.engine.served import common_prefix
+from swarmtune.engine.workload import Residency
+from tests.test_served import ask, make, run, toks
+
+SYSTEM = "system: you are a careful coding agent. tools: read, write, run the tests. "
+
+
+def served_turn(e, served, prompt, **kw):
+    r, c = ask(e, served, prompt, **kw)
+    run(e, lambda: c.done is not None)
+    return r, served.drain_records()[-1]
+
+
+def text(tokens):
+    return " ".join(map(str, tokens))
+
+
+def test_each_shape_of_edit_gets_its_cause():
+    held = list(range(100))
+    # the system prompt (its first 30 tokens) changed at 10
+    m = diverged(held, held[:10] + [900, 901] + held[12:], 10, 30, text)
+    assert m.cause == "system" and m.at == 10 and m.old.startswith("10 11") and m.new.startswith("900 901")
+    # 20 tokens removed at 40: what follows them comes again, earlier
+    m = diverged(held, held[:40] + held[60:], 40, 30, text)
+    assert m.cause == "trimmed" and "20 tokens were removed at token 40" in m.words
+    # 5 tokens inserted at 50 (a reminder moved in)
+    m = diverged(held, held[:50] + [7000 + i for i in range(5)] + held[50:], 50, 30, text)
+    assert m.cause == "inserted" and "5 tokens were inserted at token 50" in m.words
+    # replaced: neither
+    m = diverged(held, held[:70] + [5000 + i for i in range(30)], 70, 30, text)
+    assert m.cause == "edited" and "edited at token 70" in m.words
+
+
+def test_a_turn_that_continues_its_conversation_misses_nothing():
+    e, served = make()
+    first = toks(e, SYSTEM + "user: fix the parser " * 4)
+    r1, rec1 = served_turn(e, served, first)
+    assert rec1.miss_cause == "new" and rec1.miss_at == 0
+    agent = next(a for a in e.agents if a.id == r1.agent)
+    r2, rec2 = served_turn(e, served, agent.history + toks(e, " tool: 3 tests failed " * 3))
+    assert r2.agent == r1.agent and rec2.miss_cause == "" and rec2.miss_at is None
+
+
+def test_a_changed_system_prompt_on_its_own_agent_says_so_with_the_text_at_the_divergence():
+    e, served = make(agents=1)
+    body = toks(e, "user: fix the parser " * 6)
+    old_sys = toks(e, SYSTEM + "date: Monday. ")
+    r1, _ = served_turn(e, served, old_sys + body)
+    new_sys = toks(e, SYSTEM + "date: Tuesday. ")
+    req = ask(e, served, new_sys + body)[0]
+    req.system_tokens = len(new_sys)
+    run(e, lambda: req.finish_reason is not None)
+    rec = served.drain_records()[-1]
+    at = next(i for i, (x, y) in enumerate(zip(old_sys, new_sys, strict=False)) if x != y)
+    assert rec.miss_cause == "system" and rec.miss_at == at
+    assert "Mon" in rec.miss_old and "Tue" in rec.miss_new
+    assert rec.prefilled_tokens == len(new_sys + body) - at
+
+
+def test_a_trimmed_conversation_says_how_much_went():
+    e, served = make(agents=1)
+    sys = toks(e, SYSTEM)
+    turns = [toks(e, f" user: step {i} of the refactor, file {i}.py ") for i in range(8)]
+    full = sys + sum(turns, [])
+    served_turn(e, served, full)
+    trimmed = sys + sum(turns[3:], [])
+    req = ask(e, served, trimmed)[0]
+    req.system_tokens = len(sys)
+    run(e, lambda: req.finish_reason is not None)
+    rec = served.drain_records()[-1]
+    at = common_prefix(full, trimmed)  # the system prompt and the words every turn begins with
+    assert rec.miss_cause == "trimmed" and rec.miss_at == at >= len(sys)
+    assert f"{len(sum(turns[:3], [])):,} tokens were removed" in rec.miss_words
+
+
+def test_a_new_conversation_sharing_a_system_prompt_says_what_it_copied():
+    e, served = make()
+    sys = toks(e, SYSTEM * 3)
+    r1, _ = served_turn(e, served, sys + toks(e, "user: task one"))
+    req = ask(e, served, sys + toks(e, "user: a different task entirely, number two"))[0]
+    req.system_tokens = len(sys)
+    run(e, lambda: req.finish_reason is not None)
+    rec = served.drain_records()[-1]
+    assert rec.miss_cause == "new" and rec.copied_from == r1.agent and rec.copied_tokens >= len(sys)
+    assert f"copied from agent {r1.agent}" in rec.miss_words
+
+
+def test_an_edit_past_the_system_prompt_on_a_free_agent_is_an_edit_of_the_other_conversation():
+    e, served = make()
+    sys = toks(e, SYSTEM)
+    base = sys + toks(e, "user: read the file main.py and tell me what it does " * 4)
+    r1, _ = served_turn(e, served, base)
+    edited = base[: len(base) * 3 // 4] + toks(e, " user: never mind, read util.py instead")
+    req = ask(e, served, edited)[0]
+    req.system_tokens = len(sys)
+    run(e, lambda: req.finish_reason is not None)
+    rec = served.drain_records()[-1]
+    assert rec.agent != r1.agent and rec.miss_cause == "edited" and rec.miss_at == len(base) * 3 // 4
+    assert "whose conversation stays whole" in rec.miss_words
+
+
+def test_a_displaced_conversation_coming_back_is_told_who_displaced_it():
+    e, served = make(agents=1)
+    first = toks(e, "alpha works on the lexer " * 20)
+    r1, _ = served_turn(e, served, first, key=None)
+    served_turn(e, served, toks(e, "bravo works on the parser " * 20))  # takes the only agent
+    back = first + toks(e, " user: go on with the lexer")
+    _, rec = served_turn(e, served, back)
+    assert rec.miss_cause == "displaced" and "displaced by conversation 2" in rec.miss_words
+
+
+def test_a_history_dropped_while_it_waited_says_so():
+    e, served = make(agents=1)
+    first = toks(e, "alpha works on the lexer " * 20)
+    r1, _ = served_turn(e, served, first)
+    a = e.agents[0]
+    e.backend.drop(a.seq)  # what residency `drop` does to an idle agent
+    a.evict()
+    assert a.residency is Residency.NONE
+    _, rec = served_turn(e, served, first + toks(e, " user: go on"))
+    assert rec.miss_cause == "dropped" and rec.cached_tokens == 0
