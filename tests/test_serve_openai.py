@@ -198,6 +198,27 @@ def test_ignore_eos_generates_max_tokens_as_llama_server_does(server):
     assert r.status_code == 400 and "ignore_eos" in r.json()["error"]["message"]
 
 
+def test_a_changed_system_header_is_named_as_the_cause_of_the_miss(server):
+    # Claude Code's way: a value in the system prompt that changes every request (anthropics/claude-code#32636)
+    c = client(server)
+    task = [{"role": "user", "content": "List three uses of a KV cache, one line each."}]
+    key = {"X-Swarmtune-Agent": "header-test"}
+
+    def turn(day: str):
+        sys = {"role": "system", "content": f"You are a coding agent. Today is {day}. Work carefully."}
+        return c.chat.completions.create(model="m", messages=[sys, *task], max_tokens=4, temperature=0,
+                                         extra_headers=key)
+
+    first = turn("Monday").model_extra["swarmtune"]
+    assert first["miss"]["cause"] == "new" and first["cached_tokens"] == 0
+    again = turn("Tuesday").model_extra["swarmtune"]
+    assert again["miss"]["cause"] == "system" and "Mon" in again["miss"]["old"] and "Tue" in again["miss"]["new"]
+    assert again["cached_tokens"] == again["miss"]["at"] > 0
+    assert until(lambda: len([r for r in requests_recorded(server) if r["key"] == "header-test"]) == 2)
+    rec = [r for r in requests_recorded(server) if r["key"] == "header-test"][-1]
+    assert rec["miss_cause"] == "system" and rec["miss_at"] == again["miss"]["at"]
+
+
 async def test_eight_conversations_reuse_their_cells_turn_after_turn(server):
     c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x")
 

@@ -91,6 +91,12 @@ class Sampling:
         )
 
 
+class RenderedPrompt(list[int]):
+    """A chat prompt's tokens, and where its system prompt ends in them (0: no system prompt, or unknown)."""
+
+    system_tokens: int = 0
+
+
 class Bridge:
     def __init__(self, runner: EngineRunner, served: ServedAgents) -> None:
         self.runner, self.served = runner, served
@@ -104,12 +110,21 @@ class Bridge:
         return self.renderer.family
 
     async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     param: str = "messages") -> list[int]:
+                     param: str = "messages") -> "RenderedPrompt":
         try:
             text = self.renderer.render(messages, tools)
         except UserError as e:
             raise BadRequest(str(e), param) from None
-        return await asyncio.to_thread(self.backend.tokenize, text)
+        return await asyncio.to_thread(self._tokenized, text, messages)
+
+    def _tokenized(self, text: str, messages: list[dict[str, Any]]) -> "RenderedPrompt":
+        out = RenderedPrompt(self.backend.tokenize(text))
+        first = messages[0] if messages else {}
+        content = first.get("content") if first.get("role") == "system" else None
+        if isinstance(content, str) and content and (at := text.find(content)) >= 0:
+            # where the system prompt ends, in tokens: a miss before it is said to be the system prompt's
+            out.system_tokens = len(self.backend.tokenize(text[: at + len(content)]))
+        return out
 
     async def tokenize(self, text: str) -> list[int]:
         return await asyncio.to_thread(self.backend.tokenize, text)
@@ -132,7 +147,8 @@ class Bridge:
         if grammar is not None and (why := self.backend.check_grammar(grammar)) is not None:
             raise BadRequest(f"the output cannot be constrained: {why}", "tools")
         return ServedRequest(prompt=prompt, max_tokens=limit if limit is not None else room,
-                             params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint)
+                             params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint,
+                             system_tokens=getattr(prompt, "system_tokens", 0))
 
     def submit(self, req: ServedRequest) -> asyncio.Queue:
         """Queue it; its events arrive on the returned queue. Raises Busy (the queue is full)."""

@@ -35,6 +35,16 @@ def usage_body(u: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
+def account(req: ServedRequest) -> dict[str, Any]:
+    """An extension beside `usage` (as llama-server adds `timings`): what the request's prompt reused and,
+    where it prefilled what its conversation had held, why (docs/serving.md#why-a-turn-missed-its-cache)."""
+    m = req.miss
+    return {"agent": req.agent, "cached_tokens": req.cached_tokens, "copied_tokens": req.copied_tokens,
+            "copied_from": req.copied_from, "prefilled_tokens": req.prefilled_tokens,
+            "miss": None if m is None else {"at": m.at, "cause": m.cause, "words": m.words, "old": m.old,
+                                            "new": m.new}}
+
+
 def normalised(m: Message) -> dict[str, Any]:
     """An OpenAI message as engine/prompt.py takes it."""
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -134,7 +144,7 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": "tool_calls" if calls else fin.reason}],
-                "usage": usage_body(fin.usage), "system_fingerprint": None,
+                "usage": usage_body(fin.usage), "system_fingerprint": None, "swarmtune": account(req),
             })
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -167,7 +177,8 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
                     yield sse(chunk({}, "tool_calls" if made else ev.reason))
                     if include_usage:
                         yield sse({"id": cid, "object": "chat.completion.chunk", "created": now, "model": model,
-                                   "system_fingerprint": None, "choices": [], "usage": usage_body(ev.usage)})
+                                   "system_fingerprint": None, "choices": [], "usage": usage_body(ev.usage),
+                                   "swarmtune": account(req)})
             yield sse("[DONE]")
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
