@@ -28,12 +28,14 @@ from swarmtune.tui.widgets.status import StatusLine
 KV_CYCLE = ("f16", "q8_0", "q4_0")
 UI_INTERVAL_S = 0.25  # at most 4 batches of records a second reach the UI
 EAGER_S = 1.0  # after a control, records reach the UI one by one for this long: its effect shows at once
-# How often each panel repaints at most: numbers twice a second, plots (the costly renders) less often.
-# A panel is due when the clock enters a new one of its intervals, and the intervals are multiples of
-# each other, so panels due together repaint in one compositor frame. On a small CPU the UI thread's time
-# is taken from the engine's decode (bench/dashboard_overhead.py).
-PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 0.5, AgentsTable: 0.5, PowerPanel: 0.5, BatchPlot: 1.0,
-                                       BytesPlot: 1.0, SpeedupPlot: 2.0}
+# How often each panel repaints at most: numbers and the live batch once a second (as nvtop does), the
+# slower curves every 2 s. A panel is due when the clock enters a new one of its intervals, and the
+# intervals are multiples of each other, so panels due together repaint in one compositor frame. On a
+# small CPU the UI thread's time is taken from the engine's decode (bench/dashboard_overhead.py: at twice
+# a second the UI thread took 3% of a core and the decode 3-7% on a 2-core EPYC); a key's effect and a
+# new setting repaint the status line at once whatever its interval.
+PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 1.0, AgentsTable: 1.0, PowerPanel: 1.0, BatchPlot: 1.0,
+                                       BytesPlot: 2.0, SpeedupPlot: 2.0}
 LIVE_HELP = (
     "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE or K/V, cap N, agents N, "
     "residency keep|swap|drop, autotune on|off) | +/- batch cap | a/x add/remove agent | t tuner on/off | "
