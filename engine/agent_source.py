@@ -15,12 +15,14 @@ The engine asks, for each agent:
   or to PREFILL with `pending` (at once), or starts a new task;
 - `seed_sampler`: the agent's sampler, set as the source decides (again after a KV switch);
 - `idle`: every agent waits and none has a time to wake: wait at most this long, less if work arrives;
+- `on_record`: after each step, its record (what it took, its energy): a served request is charged its share;
 - `traffic`: the shape of the turns it has seen, where they are not the engine's settings (served traffic),
   so that the tuner's forecasts run the swarm the engine really serves."""
 
 from dataclasses import dataclass
 from typing import Protocol
 
+from swarmtune.engine.records import StepRecord
 from swarmtune.engine.workload import Agent
 
 
@@ -47,5 +49,7 @@ class AgentSource(Protocol):
     def seed_sampler(self, agent: Agent) -> None: ...
 
     def idle(self, seconds: float) -> None: ...
+
+    def on_record(self, rec: StepRecord) -> None: ...
 
     def traffic(self) -> TrafficShape | None: ...

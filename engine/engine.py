@@ -331,6 +331,7 @@ class Engine:
             if self._queued:
                 return self._queued.pop(0)
         rec = self._step()
+        self.workload.on_record(rec)
         if self.s.check:
             self.check_caches()
         if self.quality is not None:  # before the tuner: what it measures, the tuner reads at once

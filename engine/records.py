@@ -137,6 +137,12 @@ class RequestRecord:
     miss_words: str = ""
     miss_old: str = ""
     miss_new: str = ""
+    # the steps it was in: their seconds by kind, and its share of their energy (engine/energy_share.py),
+    # measured or modeled as the steps' power source says (None: the steps had no energy figure)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    joules: float | None = None
+    power_source: str = ""
     type: str = "request"
 
     def to_json(self) -> str:

@@ -26,7 +26,8 @@ from swarmtune.engine import cache_miss
 from swarmtune.engine.agent_source import TrafficShape
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.cache_miss import CacheMiss
-from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.energy_share import joules_by_agent
+from swarmtune.engine.records import RequestRecord, StepRecord
 from swarmtune.engine.sampling import SamplingParams
 from swarmtune.engine.text_stream import TextStream
 from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
@@ -100,6 +101,10 @@ class ServedRequest:
     copied_from: int = -1  # that agent
     miss: CacheMiss | None = None  # why it prefilled what its conversation had held, or that it is new
     system_tokens: int = 0  # where the system prompt ends in `prompt` (0: unknown)
+    prefill_s: float = 0.0  # the seconds of the steps it was in, by kind
+    decode_s: float = 0.0
+    joules: float | None = None  # its share of those steps' energy
+    power_source: str = ""
     completion_tokens: int = 0
     generated: list[int] = field(default_factory=list)  # the tokens whose text was sent
     finish_reason: str | None = None
@@ -138,6 +143,7 @@ class ServedAgents:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._records: deque[RequestRecord] = deque(maxlen=4096)  # until drained
+        self._ending: list[tuple[ServedRequest, RequestRecord]] = []  # closed this step: its energy comes after
         # the engine's thread only, from here on
         self._active: dict[int, ServedRequest] = {}  # agent id -> the request it serves
         self._keys: dict[int, str] = {}  # agent id -> its conversation's key
@@ -498,9 +504,31 @@ class ServedAgents:
         )
         if (m := req.miss) is not None:
             rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)
-        with self._lock:
-            self._records.append(rec)
-        self.on_finish(req, rec)
+        # the step that ended it has no record yet (its seconds and energy): finished in on_record
+        self._ending.append((req, rec))
+
+    def on_record(self, step: StepRecord) -> None:
+        """After every step: each request in it is charged the step's seconds and its share of the energy;
+        the requests that ended in it are then written."""
+        shares = joules_by_agent(step)
+        in_step = set(step.batch_ids)
+        for req in [*self._active.values(), *(r for r, _ in self._ending)]:
+            if req.agent not in in_step:
+                continue
+            if step.kind == "prefill":
+                req.prefill_s += step.seconds
+            elif step.kind == "decode":
+                req.decode_s += step.seconds
+            if req.agent in shares:
+                req.joules = (req.joules or 0.0) + shares[req.agent]
+                req.power_source = step.power_source or ""
+        ending, self._ending = self._ending, []
+        for req, rec in ending:
+            rec = replace(rec, prefill_s=round(req.prefill_s, 6), decode_s=round(req.decode_s, 6),
+                          joules=None if req.joules is None else round(req.joules, 6), power_source=req.power_source)
+            with self._lock:
+                self._records.append(rec)
+            self.on_finish(req, rec)
 
 
 def _median(xs: "deque[int] | deque[float]") -> float:

@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 from swarmtune.engine.backend import Backend
+from swarmtune.engine.records import StepRecord
 
 SYSTEM_PROMPT = (
     "You are a coding agent working in a Python repository. Read the tool results, reason briefly, "
@@ -173,6 +174,9 @@ class Workload:
 
     def idle(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def on_record(self, rec: StepRecord) -> None:
+        pass  # the synthetic swarm has no requests to charge
 
     def traffic(self) -> None:
         return None  # its shape is the engine's settings

@@ -1,9 +1,18 @@
-"""Why a served turn lost its cache, said per request (engine/cache_miss.py), on the sim backend: the first
-position it did not reuse, the text there, and the cause in words."""
+"""What each served request cost and why it lost its cache (engine/cache_miss.py, engine/energy_share.py),
+on the sim backend: the first position it did not reuse, the text there and the cause in words; its
+steps' seconds and its share of their energy."""
 
 from swarmtune.engine.cache_miss import diverged
-from swarmtune.engine.served import common_prefix
+from swarmtune.engine.energy_share import joules_by_agent
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.power.meter import make_meter
+from swarmtune.engine.profiles import profile
+from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.served import ServedAgents, common_prefix
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.workload import Residency
+from tests.conftest import SIM
 from tests.test_served import ask, make, run, toks
 
 SYSTEM = "system: you are a careful coding agent. tools: read, write, run the tests. "
@@ -123,3 +132,44 @@ def test_a_history_dropped_while_it_waited_says_so():
     assert a.residency is Residency.NONE
     _, rec = served_turn(e, served, first + toks(e, " user: go on"))
     assert rec.miss_cause == "dropped" and rec.cached_tokens == 0
+
+
+# what a request cost
+def test_a_steps_energy_is_split_by_what_each_agent_read_and_adds_up():
+    views = [AgentView(id=i, context=c, state="decoding", limit=4096, generated=0, turns=0, tail="")
+             for i, c in ((0, 100), (1, 900), (2, 100))]
+    rec = StepRecord(step=1, t=0.0, kind="decode", batch=3, batch_ids=[0, 1, 2], batch_cap=3, kv_type="f16",
+                     agents=views, weight_bytes=3_000, kv_bytes=1_100.0, seconds=0.1, tokens=3, source="simulated",
+                     joules=4.1, power_source="modeled")
+    shares = joules_by_agent(rec)
+    assert abs(sum(shares.values()) - 4.1) < 1e-9
+    # the weights evenly (1,000 bytes each), the KV by context: 100, 900 and 100 of its 1,100 bytes
+    assert abs(shares[1] / shares[0] - 1_900 / 1_100) < 1e-9 and abs(shares[0] - shares[2]) < 1e-12
+    assert joules_by_agent(StepRecord(**{**rec.__dict__, "joules": None})) == {}
+
+
+def test_each_request_is_charged_its_steps_and_the_charges_add_up_to_the_steps_energy():
+    backend = SimBackend(profile(SIM))
+    served = ServedAgents(backend)
+    e = Engine(backend, EngineSettings(agents=3, batch_cap=3, ctx_per_agent=4096, reference=False), agents=served,
+               meter=make_meter("modeled", backend.profile))
+    steps = []
+    step = e.step
+
+    def kept():
+        r = step()
+        steps.append(r)
+        return r
+
+    e.step = kept
+    clients = [ask(e, served, toks(e, f"agent {i} reads file {i}.py " * (10 + 20 * i)), max_tokens=12 + 8 * i, seed=i)
+               for i in range(3)]
+    run(e, lambda: all(c.done is not None for _, c in clients))
+    recs = served.drain_records()
+    assert len(recs) == 3 and all(r.power_source == "modeled" and r.joules > 0 for r in recs)
+    spent = sum(s.joules for s in steps if s.kind in ("prefill", "decode"))
+    assert abs(sum(r.joules for r in recs) - spent) < 1e-6 * spent
+    for r in recs:
+        assert r.prefill_s > 0 and r.decode_s > 0
+    longest = max(recs, key=lambda r: r.prompt_tokens + r.completion_tokens)
+    assert longest.joules == max(r.joules for r in recs)
