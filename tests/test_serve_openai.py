@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.records import iter_lines
 from swarmtune.engine.sampling import SamplingParams
@@ -364,3 +365,15 @@ def test_metrics_hold_the_request_histograms_and_the_kv_usage(server):
         assert name in text, name
     usage = [line for line in text.splitlines() if line.startswith("swarmtune_kv_cache_usage_ratio")]
     assert usage and 0.0 < float(usage[0].split()[-1]) <= 1.0
+    # read as Prometheus reads it: the prefix cache under vLLM's names, misses by cause, a request's energy
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    total = {f: sum(s.value for s in fams[f].samples if s.name == f + "_total")
+             for f in ("swarmtune_prefix_cache_queries", "swarmtune_prefix_cache_hits",
+                       "swarmtune_prefix_cache_copied_tokens")}
+    assert fams["swarmtune_prefix_cache_queries"].type == "counter"
+    assert total["swarmtune_prefix_cache_queries"] > 0
+    assert total["swarmtune_prefix_cache_copied_tokens"] <= total["swarmtune_prefix_cache_hits"] \
+        <= total["swarmtune_prefix_cache_queries"]
+    causes = {s.labels["cause"] for s in fams["swarmtune_cache_misses"].samples if s.name.endswith("_total")}
+    assert "new" in causes
+    assert fams["swarmtune_request_joules"].type == "histogram"

@@ -114,6 +114,8 @@ ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 REQUEST_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                      480.0, 960.0, 1920.0, 7680.0)
 
+JOULE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
+
 
 def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
     """Request-level histograms, observed as each served request ends (on the engine's thread)."""
@@ -129,6 +131,15 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
     prompt = Counter("swarmtune_prompt_tokens", "prompt tokens of served requests", registry=reg)
     cached = Counter("swarmtune_prompt_tokens_cached", "prompt tokens whose cells were reused", registry=reg)
     generated = Counter("swarmtune_completion_tokens", "tokens generated for served requests", registry=reg)
+    # vLLM's names (vllm:prefix_cache_queries, vllm:prefix_cache_hits: tokens), with this server's prefix
+    queries = Counter("swarmtune_prefix_cache_queries", "prompt tokens looked up in the cache", registry=reg)
+    hits = Counter("swarmtune_prefix_cache_hits", "prompt tokens whose cells were reused", registry=reg)
+    copied = Counter("swarmtune_prefix_cache_copied_tokens", "of the hits, tokens copied from another agent's cells",
+                     registry=reg)
+    misses = Counter("swarmtune_cache_misses", "requests that prefilled what their conversation had held, or were "
+                     "new, by cause (docs/serving.md)", ["cause"], registry=reg)
+    energy = Histogram("swarmtune_request_joules", "a request's share of its steps' energy (measured or modeled)",
+                       registry=reg, buckets=JOULE_BUCKETS)
 
     before = served.on_finish
 
@@ -144,6 +155,13 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
         prompt.inc(rec.prompt_tokens)
         cached.inc(rec.cached_tokens)
         generated.inc(rec.completion_tokens)
+        queries.inc(rec.prompt_tokens)
+        hits.inc(rec.cached_tokens)
+        copied.inc(rec.copied_tokens)
+        if rec.miss_cause:
+            misses.labels(rec.miss_cause).inc()
+        if rec.joules is not None:
+            energy.observe(rec.joules)
 
     served.on_finish = on_finish
 
