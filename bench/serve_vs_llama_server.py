@@ -189,6 +189,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3, help="runs a side, alternated (at least 3)")
+    p.add_argument("--first", choices=("swarmtune", "llama-server"), default="swarmtune",
+                   help="the server of the first run (the order then alternates: A B, B A, A B, ...)")
     p.add_argument("--llama-server", default=None, help="the binary (default: built by bench/build_llama_server.sh)")
     a = p.parse_args()
     if a.rounds < 3:
@@ -203,8 +205,8 @@ def main() -> int:
     print(f"batch sizes: both {BATCH}/{BATCH} (n_batch/n_ubatch); llama-server -np {a.agents} "
           f"-c {a.agents * a.ctx}; every turn generates {a.gen_tokens} tokens (ignore_eos)", flush=True)
     runs: dict[str, list[Run]] = {"swarmtune": [], "llama-server": []}
-    order = [name for r in range(a.rounds)
-             for name in (("swarmtune", "llama-server") if r % 2 == 0 else ("llama-server", "swarmtune"))]
+    ab = (a.first, "llama-server" if a.first == "swarmtune" else "swarmtune")
+    order = [name for r in range(a.rounds) for name in (ab if r % 2 == 0 else ab[::-1])]
     for name in order:
         proc, url = start(name, a, model, llama_server)
         try:
