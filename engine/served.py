@@ -37,7 +37,9 @@ from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
 # a copy came 0.24x as late as after prefilling a 32-token prefix, 0.064x at 256, 0.039x at 1,024
 MIN_COPY_TOKENS = 16
 SHAPE_TURNS = 64  # the traffic's shape (what a turn generates, adds, waits) is the median of this many turns
-DISPLACED_KEPT = 64  # displaced conversations remembered, to say so when one comes back
+# displaced conversations remembered, to say so when one comes back: each new conversation is compared with
+# them token by token on the engine's thread, as with every free agent, so they are few
+DISPLACED_KEPT = 16
 
 
 class Busy(Exception):
@@ -512,7 +514,10 @@ class ServedAgents:
         the requests that ended in it are then written."""
         shares = joules_by_agent(step)
         in_step = set(step.batch_ids)
-        for req in [*self._active.values(), *(r for r, _ in self._ending)]:
+        # an ended request whose agent another request has taken since (a cancelled one, closed before the
+        # step) was not in this step: the step is the new request's
+        ended = [r for r, _ in self._ending if r.agent not in self._active]
+        for req in [*self._active.values(), *ended]:
             if req.agent not in in_step:
                 continue
             if step.kind == "prefill":

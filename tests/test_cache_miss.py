@@ -173,3 +173,28 @@ def test_each_request_is_charged_its_steps_and_the_charges_add_up_to_the_steps_e
         assert r.prefill_s > 0 and r.decode_s > 0
     longest = max(recs, key=lambda r: r.prompt_tokens + r.completion_tokens)
     assert longest.joules == max(r.joules for r in recs)
+
+
+def test_a_cancelled_request_is_not_charged_for_the_next_request_on_its_agent():
+    backend = SimBackend(profile(SIM))
+    served = ServedAgents(backend)
+    e = Engine(backend, EngineSettings(agents=1, batch_cap=1, ctx_per_agent=4096, reference=False), agents=served,
+               meter=make_meter("modeled", backend.profile))
+    steps = []
+    step = e.step
+
+    def kept():
+        r = step()
+        steps.append(r)
+        return r
+
+    e.step = kept
+    r1, c1 = ask(e, served, toks(e, "a long task " * 30), max_tokens=500)
+    run(e, lambda: r1.completion_tokens >= 5)
+    r2, c2 = ask(e, served, toks(e, "another task entirely " * 20), max_tokens=8)
+    served.cancel(r1)  # closed before the next step, in which r2 takes the agent
+    run(e, lambda: c2.done is not None)
+    recs = served.drain_records()
+    assert [r.id for r in recs] == [r1.id, r2.id] and r2.agent == r1.agent
+    spent = sum(s.joules for s in steps if s.kind in ("prefill", "decode"))
+    assert abs(sum(r.joules for r in recs) - spent) < 1e-6 * spent
