@@ -16,7 +16,7 @@ MATCH_TOKENS = 16  # a run this long found again after the divergence tells a re
 @dataclass(frozen=True)
 class CacheMiss:
     at: int  # the first prompt position not reused from the conversation's own cells
-    cause: str  # new | displaced | dropped | system | trimmed | inserted | edited
+    cause: str  # new | displaced | dropped | system | trimmed | inserted | edited | reply
     words: str  # the cause, said to a user
     old: str = ""  # what the conversation held from `at` (a few tokens' text)
     new: str = ""  # what the prompt has there
@@ -36,7 +36,7 @@ def _find(hay: Sequence[int], needle: Sequence[int], start: int) -> int:
 def diverged(held: Sequence[int], prompt: Sequence[int], keep: int, system_tokens: int,
              text: Callable[[Sequence[int]], str]) -> CacheMiss:
     """The prompt shares `keep` tokens with the history its conversation held and goes on otherwise.
-    system_tokens: where the system prompt (and the tools it carries) ends in the prompt, 0 if unknown."""
+    system_tokens: where the system prompt's text ends in the prompt, 0 if unknown."""
     old = text(held[keep : keep + EXCERPT_TOKENS])
     new = text(prompt[keep : keep + EXCERPT_TOKENS])
     if keep < system_tokens:
@@ -69,5 +69,5 @@ def displaced(at: int, by: str) -> CacheMiss:
 
 
 def dropped(at: int) -> CacheMiss:
-    return CacheMiss(at, "dropped", "its history was dropped while it waited for its client (--residency drop): "
-                     "prefilled again")
+    return CacheMiss(at, "dropped", "its history's cells were gone when it came back (dropped while it waited, "
+                     "--residency drop, or preempted for room): prefilled again")
