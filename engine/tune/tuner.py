@@ -253,6 +253,8 @@ class Tuner:
             if trial is not None:
                 out.append(trial)
         self._think(engine, t0, c0, self.cost.forecasts - forecasts_before)
+        if engine.should_yield():  # a pause came mid-look: what it forecast is partial, so nothing is tried
+            return []
         if not out and engine.backend.source != "simulated":
             fit = engine.analysis.fit(cur.kv)
             self._young_look = fit is None or fit.samples < MIN_OWN_FIT_SAMPLES
