@@ -10,6 +10,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
+from textual.timer import Timer
 from textual.widgets import Footer, Input, ProgressBar
 
 from swarmtune.engine.control import Control
@@ -89,6 +90,7 @@ class SwarmApp(App):
         self._force_status = True  # a pause, a seek or a status change shows at once
         self._shown_setting: tuple | None = None  # (KV, cap, agents) of the record the status line last showed
         self._sink: Sink | None = None
+        self._eager: Timer | None = None  # ends the one-by-one records after a control
 
     # kept for the tests and the benchmarks, which drive a live engine
     @property
@@ -291,7 +293,9 @@ class SwarmApp(App):
         self.refresh_panels()
         if self._sink is not None:  # and the record that applies it comes at once, not in the next batch
             self._sink.every_s = 0.0
-            self.set_timer(EAGER_S, self._batch_again)
+            if self._eager is not None:  # a second control within the window: the window starts again
+                self._eager.stop()
+            self._eager = self.set_timer(EAGER_S, self._batch_again)
 
     def _batch_again(self) -> None:
         if self._sink is not None:
