@@ -57,8 +57,9 @@ class Terminal:
                 return
             self.chunks.append((time.perf_counter(), data))
 
-    def until(self, shown: Callable[[list[str]], bool], timeout_s: float) -> float | None:
-        """Arrival time of the chunk that made shown(screen) true; None at the timeout."""
+    def until(self, shown: Callable[[list[str]], bool], timeout_s: float, after: float = 0.0) -> float | None:
+        """Arrival time of the chunk that made shown(screen) true; None at the timeout. A chunk that arrived
+        before `after` (written before a key was) is fed, but is no answer."""
         end = time.perf_counter() + timeout_s
         while time.perf_counter() < end:
             if self.fed == len(self.chunks):
@@ -69,7 +70,7 @@ class Terminal:
             arrived, data = self.chunks[self.fed]
             self.fed += 1
             self.stream.feed(data)
-            if shown(self.screen.display):
+            if arrived >= after and shown(self.screen.display):
                 return arrived
         return None
 
@@ -92,6 +93,10 @@ class Terminal:
 def status_cap(lines: list[str]) -> int | None:
     m = re.search(r"\| cap (\d+) \|", lines[0])
     return int(m.group(1)) if m else None
+
+
+def notes_saying(lines: list[str], cap: int) -> int:
+    return sum(1 for ln in lines if f"batch cap {cap}," in ln)
 
 
 def full_screen(agents: int) -> Callable[[list[str]], bool]:
@@ -122,12 +127,14 @@ def one_round(a: argparse.Namespace) -> tuple[float, float, list[tuple[float, fl
             term.until(lambda _: False, 0.3)  # the engine decoding meanwhile, as a user finds it
             term.catch_up()  # what came before the key is not its answer
             key, want = ("-", a.agents - 1) if k % 2 == 0 else ("+", a.agents)
+            # a note stays 3 s: one from two keys ago may still say "batch cap N", so the sign is a new one
+            notes = notes_saying(term.screen.display, want)
             pressed = term.key(key)
             # the first sign: the note the key raises ("batch cap N") or the status line with the new cap
-            seen = term.until(lambda lines, want=want: status_cap(lines) == want or any(
-                f"batch cap {want}," in ln for ln in lines), 5)
+            seen = term.until(lambda lines, want=want, notes=notes: status_cap(lines) == want or
+                              notes_saying(lines, want) > notes, 5, after=pressed)
             applied = seen if seen is not None and status_cap(term.screen.display) == want else \
-                term.until(lambda lines, want=want: status_cap(lines) == want, 5)
+                term.until(lambda lines, want=want: status_cap(lines) == want, 5, after=pressed)
             if seen is None or applied is None:
                 raise SystemExit(f"the cap did not show {want} within 5 s of the key {key!r}")
             keys.append((seen - pressed, applied - pressed))
@@ -161,6 +168,7 @@ def main() -> None:
           f"{statistics.median(applied) * 1000:.0f} ms): the status line showing the cap the engine runs at")
     print(f"key: {max(seen) * 1000:.0f} ms (worst of {len(seen)}; median {statistics.median(seen) * 1000:.0f} ms; "
           "bar < 100 ms): the key's first sign on the screen")
+
 
 if __name__ == "__main__":
     main()

@@ -246,5 +246,6 @@ def main() -> int:
     print(f"ratio: {med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
