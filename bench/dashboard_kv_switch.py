@@ -1,5 +1,7 @@
 """A KV switch (f16 -> q8_0, converted in place) on the default model with the dashboard running against the
-same switch headless, at the same point of one seeded swarm (8 agents, contexts about --context tokens).
+same switch headless, asked for after the same step of one seeded swarm (8 agents, contexts about --context
+tokens; the dashboard's engine runs on while the key travels, so its switch can land a step later: the
+cells each side converted are printed).
 
 Rounds alternate which side runs first. Each side prints the seconds the rebuild took (the engine's own
 record: the swarm is frozen meanwhile) and the cells it converted; the dashboard side also prints the share
