@@ -218,6 +218,10 @@ class ServedAgents:
     # the engine's thread (engine/agent_source.py)
     def start_task(self, agent: Agent) -> None:
         """A new agent, or one whose conversation was displaced: empty, waiting for a client."""
+        if all(a is not agent for a in self._agents):
+            # counted as free from now: before the engine's first step (which hands over its own list) a
+            # burst would otherwise meet no free agent and get a 503 past max_queue alone
+            self._agents.append(agent)
         self.backend.drop(agent.seq)
         agent.history, agent.pending, agent.tool_pending = [], [], []
         agent.next_token, agent.turn_generated, agent.turn_text = None, 0, ""

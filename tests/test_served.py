@@ -201,6 +201,16 @@ def test_a_full_queue_is_busy_and_a_cancelled_request_frees_its_agent():
     e.check_caches()
 
 
+def test_a_burst_before_the_first_step_is_admitted_up_to_the_free_agents_and_the_queue():
+    # the engine started, no step yet (a server just up): one free agent and a queue of one hold two
+    e, served = make(agents=1, max_queue=1)
+    e.start()
+    ask(e, served, toks(e, "first " * 20))
+    ask(e, served, toks(e, "second " * 20))
+    with pytest.raises(Busy):
+        ask(e, served, toks(e, "third " * 20))
+
+
 def test_a_kv_switch_mid_stream_loses_and_repeats_no_token():
     e, served = make(agents=4)
     clients = [ask(e, served, toks(e, f"agent {i} works on task {i} " * 12), max_tokens=40, seed=i) for i in range(4)]
