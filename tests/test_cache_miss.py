@@ -148,20 +148,26 @@ def test_a_steps_energy_is_split_by_what_each_agent_read_and_adds_up():
     assert joules_by_agent(StepRecord(**{**rec.__dict__, "joules": None})) == {}
 
 
-def test_each_request_is_charged_its_steps_and_the_charges_add_up_to_the_steps_energy():
+def metered(agents: int) -> tuple[Engine, ServedAgents, list[StepRecord]]:
+    """Served agents on the sim with its modeled power, and every step record the engine makes."""
     backend = SimBackend(profile(SIM))
     served = ServedAgents(backend)
-    e = Engine(backend, EngineSettings(agents=3, batch_cap=3, ctx_per_agent=4096, reference=False), agents=served,
-               meter=make_meter("modeled", backend.profile))
-    steps = []
+    e = Engine(backend, EngineSettings(agents=agents, batch_cap=agents, ctx_per_agent=4096, reference=False),
+               agents=served, meter=make_meter("modeled", backend.profile))
+    steps: list[StepRecord] = []
     step = e.step
 
-    def kept():
+    def kept() -> StepRecord:
         r = step()
         steps.append(r)
         return r
 
-    e.step = kept
+    e.step = kept  # type: ignore[method-assign]
+    return e, served, steps
+
+
+def test_each_request_is_charged_its_steps_and_the_charges_add_up_to_the_steps_energy():
+    e, served, steps = metered(3)
     clients = [ask(e, served, toks(e, f"agent {i} reads file {i}.py " * (10 + 20 * i)), max_tokens=12 + 8 * i, seed=i)
                for i in range(3)]
     run(e, lambda: all(c.done is not None for _, c in clients))
@@ -176,19 +182,7 @@ def test_each_request_is_charged_its_steps_and_the_charges_add_up_to_the_steps_e
 
 
 def test_a_cancelled_request_is_not_charged_for_the_next_request_on_its_agent():
-    backend = SimBackend(profile(SIM))
-    served = ServedAgents(backend)
-    e = Engine(backend, EngineSettings(agents=1, batch_cap=1, ctx_per_agent=4096, reference=False), agents=served,
-               meter=make_meter("modeled", backend.profile))
-    steps = []
-    step = e.step
-
-    def kept():
-        r = step()
-        steps.append(r)
-        return r
-
-    e.step = kept
+    e, served, steps = metered(1)
     r1, c1 = ask(e, served, toks(e, "a long task " * 30), max_tokens=500)
     run(e, lambda: r1.completion_tokens >= 5)
     r2, c2 = ask(e, served, toks(e, "another task entirely " * 20), max_tokens=8)
