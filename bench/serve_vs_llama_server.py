@@ -159,7 +159,11 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
     env = dict(os.environ, SWARMTUNE_CHECK="0")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(url, proc)
+    try:
+        wait_ready(url, proc)
+    except BaseException:  # not ready in time (or interrupted): the server must not outlive the bench
+        stop(proc)
+        raise
     return proc, url
 
 
