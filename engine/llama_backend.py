@@ -354,7 +354,9 @@ class LlamaBackend:
             self._grammars[seq] = g
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
-        if p.ignore_eos:  # as llama-server does it: every end-of-generation token biased to -inf, first
+        # as llama-server does it: every end-of-generation token biased to -inf, first; not under a grammar,
+        # which may allow nothing but an end once its call is complete (no token could then be drawn)
+        if p.ignore_eos and p.grammar is None:
             eog = self._eog_tokens()
             bias = (ll.llama_logit_bias * len(eog))(*(ll.llama_logit_bias(t, -math.inf) for t in eog))
             add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
