@@ -1,10 +1,11 @@
 """What the engine needs from a decode backend: the real one (llama.cpp) or the simulated one."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.sampling import SamplingParams
 
@@ -95,6 +96,17 @@ class Backend(Protocol):
 
     def restore_seq(self, seq: int, handle: object) -> float:
         """Put a saved state back into the empty seq; returns seconds. NoKVSlot when the cache has no room."""
+
+    def why_no_shift(self) -> str | None:
+        """None where cached cells can be moved to other positions (chunk reuse); else why not."""
+
+    def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
+        """Keep seq's first `keep` cells; each chunk's cells are saved apart first (one handle each), to be
+        put back by paste() once the tokens before it are prefilled. [] where they cannot be."""
+
+    def paste(self, seq: int, kept: object, at: int) -> float:
+        """Put a chunk cut() saved at position `at`, right after seq's last cell; returns seconds. NoKVSlot
+        (seq is then empty) where the cache has no room."""
 
     def can_convert(self, kv_from: str, kv_to: str) -> str | None:
         """None where a saved state can be converted from one KV type to the other; else why not."""

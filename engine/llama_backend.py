@@ -19,7 +19,9 @@ import llama_cpp as ll
 import numpy as np
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.kv_splice import Cells
 from swarmtune.engine.kv_types import kv_pair
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.moe_routing import RoutingCounter
@@ -498,6 +500,80 @@ class LlamaBackend:
         ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
+    def why_no_shift(self) -> str | None:
+        """None where cached cells can be moved to other positions (chunk reuse); else why not."""
+        if self.mem is None or not ll.llama_memory_can_shift(self.mem):
+            return "this model's positions cannot be shifted (M-RoPE, or a recurrent state)"
+        bm = self.facts.bytes_model
+        if bm.has_swa or bm.state_bytes:
+            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
+        if not (self.flash_attn or kv_pair(self.kv).quantized):
+            return "V is stored transposed without flash attention"
+        return None
+
+    def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
+        """Keep seq's first `keep` cells; each chunk's cells are saved apart first, to be put back at their
+        new place by paste() once the tokens before it are prefilled. [] where they cannot be (the caller
+        prefills them)."""
+        from swarmtune.engine.kv_convert import Unconvertible
+        from swarmtune.engine.kv_splice import split
+
+        if not chunks or self.why_no_shift() is not None:
+            self.truncate(seq, keep)
+            return []
+        _, hi = self.cells(seq)
+        # a chunk that moves up is first moved up with the rest, past every position it will move through,
+        # so that paste() puts it above the new tokens and only ever shifts it down
+        up = max(0, max(c.shift for c in chunks))
+        try:
+            if up:
+                ll.llama_memory_seq_add(self.mem, seq, keep, -1, up)
+                self._apply_shift(seq, hi + up + 1)
+            saved, _, _ = self.save_seq(seq)
+            assert isinstance(saved, _SavedSeq)
+            cells = split(memoryview(saved.data), self.facts.n_layer)
+        except (NoKVSlot, Unconvertible):
+            self.truncate(seq, keep)
+            return []
+        self.truncate(seq, keep)
+        return [_Kept(cells.between(c.held_at + up, c.held_at + up + c.tokens), c.held_at + up, c.tokens, self.kv)
+                for c in chunks]
+
+    def _apply_shift(self, seq: int, pos: int) -> None:
+        """llama.cpp re-rotates shifted K at the start of a decode: one token at pos, then removed."""
+        b = self.batch
+        b.n_tokens = 1
+        b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = 0, pos, 1, seq, 0
+        self._prefill_row = None
+        try:
+            self._decode()
+        finally:
+            ll.llama_memory_seq_rm(self.mem, seq, pos, -1)
+
+    def paste(self, seq: int, kept: object, at: int) -> float:
+        """Put a chunk cut() saved back at position `at`, right after seq's last cell; returns seconds.
+        NoKVSlot (seq is then empty) where the cache has no room; CacheMismatch where the chunk is another
+        cache type's."""
+        from swarmtune.engine.kv_splice import join, split
+
+        assert isinstance(kept, _Kept)
+        if kept.kv != self.kv:
+            raise CacheMismatch(f"sequence {seq}: a chunk cut at KV {kept.kv} pasted into a {self.kv} cache")
+        t0 = time.perf_counter()
+        if self.cells(seq) == (-1, -1):
+            base = kept.cells.between(0, 0)
+        else:
+            saved, _, _ = self.save_seq(seq)
+            assert isinstance(saved, _SavedSeq)
+            base = split(memoryview(saved.data), self.facts.n_layer)
+        state = join(base, kept.cells)
+        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        if ll.llama_state_seq_set_data(self.ctx, buf, len(state), seq) == 0:
+            raise NoKVSlot()
+        if at != kept.pos:
+            ll.llama_memory_seq_add(self.mem, seq, kept.pos, kept.pos + kept.tokens, at - kept.pos)
+        return time.perf_counter() - t0
+
     def save_seq(self, seq: int) -> tuple[object, int, float]:
         """llama.cpp's own per-sequence state (its cells' K and V rows, a recurrent state), copied to host."""
         t0 = time.perf_counter()
@@ -665,6 +741,16 @@ class KeptLogits:
     token: int  # the token fed there
     kv: str  # the live cache's setting when it was computed
     logits: np.ndarray  # float32, one per vocabulary entry
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A chunk of a sequence's cells cut() saved, at the positions it was saved from."""
+
+    cells: Cells
+    pos: int
+    tokens: int
+    kv: str
 
 
 @dataclass(frozen=True)

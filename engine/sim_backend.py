@@ -4,12 +4,13 @@ Everything it produces is simulated; the engine labels it so.
 """
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.kv_types import KV_TYPES, kv_pair
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.profiles import Profile
@@ -255,6 +256,31 @@ class SimBackend:
             raise NoKVSlot()
         self._len[seq] = handle.tokens
         return handle.nbytes / self.profile.host_link_bytes_per_s
+
+    def why_no_shift(self) -> str | None:
+        bm = self.profile.bytes_model
+        if bm.has_swa or bm.state_bytes:
+            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
+        return None
+
+    def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
+        self.truncate(seq, keep)
+        if self.why_no_shift() is not None:
+            return []
+        return [_SavedSeq(c.tokens, int(self.profile.bytes_model.kv_cache_bytes(self.kv, c.tokens)), self.kv)
+                for c in chunks]
+
+    def paste(self, seq: int, kept: object, at: int) -> float:
+        """Modeled as llama.cpp does it: the sequence and the chunk out to host memory and back."""
+        assert isinstance(kept, _SavedSeq)
+        if kept.kv != self.kv:
+            raise CacheMismatch(f"sequence {seq}: a chunk cut at KV {kept.kv} pasted into a {self.kv} cache")
+        self._expect(seq, at)
+        if at + kept.tokens > self.ctx_per_seq:
+            raise NoKVSlot()
+        self._len[seq] = at + kept.tokens
+        moved = 2 * self.profile.bytes_model.kv_cache_bytes(self.kv, at) + kept.nbytes
+        return moved / self.profile.host_link_bytes_per_s
 
     def can_convert(self, kv_from: str, kv_to: str) -> str | None:
         bm = self.profile.bytes_model
