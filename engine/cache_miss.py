@@ -7,7 +7,7 @@ moves, a history trimmed from the front) and whether the server did it (a conver
 another, a history dropped while it waited)."""
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 EXCERPT_TOKENS = 8  # the text shown on each side of a divergence: this many tokens from it
 MATCH_TOKENS = 16  # a run this long found again after the divergence tells a removal or an insertion apart
@@ -71,3 +71,11 @@ def displaced(at: int, by: str) -> CacheMiss:
 def dropped(at: int) -> CacheMiss:
     return CacheMiss(at, "dropped", "its history's cells were gone when it came back (dropped while it waited, "
                      "--residency drop, or preempted for room): prefilled again")
+
+
+def kept_by_shift(m: CacheMiss, shifted: int, prefilled: int) -> CacheMiss:
+    """A divergence past which runs of the old cells were kept (engine/chunk_reuse.py): the cause stays, the
+    consequence (every cause's words end in ": " and what was prefilled) is said again."""
+    cause = m.words.split(": ", 1)[0]
+    return replace(m, words=f"{cause}: {shifted:,} tokens after it were kept, shifted into place; "
+                            f"{prefilled:,} prefilled")

@@ -149,7 +149,8 @@ class Engine:
         shadow.step_index = self.step_index
         for a in self.agents:
             b = replace(a, history=list(a.history), pending=list(a.pending), tool_pending=list(a.tool_pending),
-                        messages=list(a.messages), swapped=None)
+                        messages=list(a.messages), swapped=None, kept=list(a.kept))
+            b.fold_kept()  # the shadow prefills them: its cost model has no paste
             if a.residency is Residency.HOST:
                 b.swapped = sim.saved_stand_in(self.s.kv, a.context)
             elif a.state is not AgentState.PREEMPTED and a.context:
@@ -487,19 +488,32 @@ class Engine:
 
     def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         a = plan.agents[0]
-        chunk = a.pending[: plan.chunk]
         try:
+            self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
+            n = min(plan.chunk, a.kept[0].at - a.context) if a.kept else plan.chunk  # up to the next kept chunk
+            chunk = a.pending[:n]
             seconds = self.backend.prefill(a.seq, chunk, a.context)
+            a.history.extend(chunk)
+            del a.pending[:n]
+            self._paste_due(a)
         except NoKVSlot:
             self._preempt(a)
             return self._record("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
-        a.history.extend(chunk)
-        del a.pending[: plan.chunk]
         a.last_served_step = self.step_index
         if not a.pending:
             a.state = AgentState.DECODE
             self._sampled(a, self.backend.first_token_after_prefill(a.seq), seconds)
         return self._record("prefill", [a], seconds, len(chunk), preempted)
+
+    def _paste_due(self, a: Agent) -> None:
+        """Kept chunks of its old cells whose place its prefill has reached go back (engine/chunk_reuse.py)."""
+        while a.kept and a.kept[0].at == a.context:
+            k = a.kept[0]
+            seconds = self.backend.paste(a.seq, k.handle, k.at)
+            a.kept.pop(0)
+            a.history.extend(k.tokens)
+            self._move(a, "paste", int(self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)), seconds,
+                       self._cost_source)
 
     def _sampled(self, a: Agent, tok: int, seconds: float) -> None:
         """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
@@ -603,6 +617,8 @@ class Engine:
 
     def _rebuild(self, kv: str) -> StepRecord:
         old, asked = self.s.kv, kv
+        for a in self.agents:
+            a.fold_kept()  # cut from the old cache, in its type: prefilled instead
         t0 = time.perf_counter()
         refused = ""
         converted, saved, why_not = self._convert_states(old, kv) if kv != old else ({}, {}, "")

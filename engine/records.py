@@ -43,7 +43,7 @@ class Move:
 
     agent: int
     # swap_out | swap_in | swap_in_refused | drop | swap_discarded | swap_evicted (past the host-memory bound)
-    # | convert_save | convert
+    # | convert_save | convert | paste (a kept chunk of its old cells put back after an edit)
     op: str
     bytes: int
     seconds: float
@@ -130,6 +130,7 @@ class RequestRecord:
     endpoint: str = ""  # chat | completions
     copied_tokens: int = 0  # of cached_tokens, the cells copied from another agent's (a shared prefix)
     copied_from: int = -1  # that agent
+    shifted_tokens: int = 0  # of cached_tokens, old cells kept past a divergence and shifted into place
     # why it prefilled what its conversation had held, or that it was new (engine/cache_miss.py): the first
     # prompt position not reused, the cause (a word, and in words), the text there before and now
     miss_at: int | None = None

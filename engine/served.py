@@ -22,10 +22,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from swarmtune.engine import cache_miss
+from swarmtune.engine import cache_miss, chunk_reuse
 from swarmtune.engine.agent_source import TrafficShape
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.cache_miss import CacheMiss
+from swarmtune.engine.chunk_reuse import KeptChunk
 from swarmtune.engine.energy_share import joules_by_agent
 from swarmtune.engine.records import RequestRecord, StepRecord
 from swarmtune.engine.sampling import SamplingParams
@@ -101,6 +102,7 @@ class ServedRequest:
     prefilled_tokens: int = 0
     copied_tokens: int = 0  # of cached_tokens, the cells copied from another agent's
     copied_from: int = -1  # that agent
+    shifted_tokens: int = 0  # of cached_tokens, the cells kept past a divergence, shifted into place
     miss: CacheMiss | None = None  # why it prefilled what its conversation had held, or that it is new
     system_tokens: int = 0  # where the system prompt ends in `prompt` (0: unknown)
     prefill_s: float = 0.0  # the seconds of the steps it was in, by kind
@@ -135,10 +137,12 @@ def _bucket(x: float) -> int:
 
 class ServedAgents:
     def __init__(self, backend: Backend, max_queue: int = 64, copy_prefix: bool = True,
-                 on_finish: Callable[[ServedRequest, RequestRecord], None] | None = None) -> None:
+                 on_finish: Callable[[ServedRequest, RequestRecord], None] | None = None,
+                 cache_reuse: int = chunk_reuse.DEFAULT_MIN_TOKENS) -> None:
         self.backend = backend
         self.max_queue = max_queue
         self.copy_prefix = copy_prefix
+        self.cache_reuse = cache_reuse  # the shortest run of old cells kept past a divergence; 0: off
         self.on_finish = on_finish or (lambda req, rec: None)
         self._queue: deque[ServedRequest] = deque()
         self._closing = False
@@ -374,10 +378,13 @@ class ServedAgents:
         dropped = a.residency is Residency.NONE and keep > 0
         keep_all = keep
         keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
+        kept = self._cut(a, keep, req)
         self._rewind(a, keep)
-        if not a.history and not a.pending and self.copy_prefix:
+        if not a.history and not a.pending and not kept and self.copy_prefix:
             self._copy_shared_prefix(a, req)
         req.cached_tokens = len(a.history) if a.residency is not Residency.NONE else 0
+        req.shifted_tokens = sum(len(k.tokens) for k in kept)
+        req.cached_tokens += req.shifted_tokens
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
         req.agent, req.assigned = a.id, time.perf_counter()
         self._active[a.id] = req
@@ -386,11 +393,14 @@ class ServedAgents:
             self._keys[a.id] = req.key
         a.label = req.key or self._keys.get(a.id, "") or f"conversation {a.tasks}"
         req.miss = self._why(a, held, keep_all, req, dropped)
+        if req.miss is not None and req.shifted_tokens:
+            req.miss = cache_miss.kept_by_shift(req.miss, req.shifted_tokens, req.prefilled_tokens)
         if gone is not None:
             self._displaced.append((gone[0], a.label))
         self._prompt_end[a.id] = len(req.prompt)
         a.reused_tokens = req.cached_tokens
-        a.tool_pending = req.prompt[len(self._known(a)) :]
+        a.kept = kept
+        a.tool_pending = self._to_prefill(req.prompt, len(self._known(a)), kept)
         a.tool_ready_at = 0.0  # the engine's _wake_tools brings its history back and queues the suffix
         a.turn_generated, a.next_token, a.turn_text = 0, None, ""
         self.backend.set_sampler(a.seq, req.params)
@@ -439,6 +449,31 @@ class ServedAgents:
         if best <= max(req.copied_tokens, MIN_COPY_TOKENS):
             return None
         return cache_miss.displaced(req.copied_tokens, by)
+
+    def _cut(self, a: Agent, keep: int, req: ServedRequest) -> list[KeptChunk]:
+        """Past the divergence, runs of its old cells that reappear later in the prompt are cut out to be
+        put back shifted (engine/chunk_reuse.py) rather than prefilled; the rest of its cells go."""
+        held = a.history
+        if (self.cache_reuse <= 0 or a.residency is not Residency.CACHE or a.pending or keep >= len(held)
+                or self.backend.why_no_shift() is not None):
+            return []
+        chunks = chunk_reuse.plan(held, req.prompt, keep, self.cache_reuse)
+        if not chunks:
+            return []
+        handles = self.backend.cut(a.seq, keep, chunks)
+        a.history = a.history[:keep]
+        return [KeptChunk(c.prompt_at, tuple(req.prompt[c.prompt_at : c.prompt_at + c.tokens]), h)
+                for c, h in zip(chunks, handles, strict=False)]
+
+    @staticmethod
+    def _to_prefill(prompt: list[int], start: int, kept: list[KeptChunk]) -> list[int]:
+        """prompt from start, less the kept chunks' tokens."""
+        out: list[int] = []
+        at = start
+        for k in kept:
+            out += prompt[at : k.at]
+            at = k.at + len(k.tokens)
+        return out + prompt[at:]
 
     def _rewind(self, a: Agent, keep: int) -> None:
         """Keep only the first `keep` tokens of its conversation."""
@@ -506,7 +541,7 @@ class ServedAgents:
             ttft_s=round(req.first_token - req.arrival, 6) if req.first_token is not None else None,
             completion_tokens=req.completion_tokens, finish_reason=req.finish_reason,
             e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint, copied_tokens=req.copied_tokens,
-            copied_from=req.copied_from,
+            copied_from=req.copied_from, shifted_tokens=req.shifted_tokens,
         )
         if (m := req.miss) is not None:
             rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)

@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 from swarmtune.engine.backend import Backend
+from swarmtune.engine.chunk_reuse import KeptChunk, unfold
 from swarmtune.engine.records import StepRecord
 
 SYSTEM_PROMPT = (
@@ -72,6 +73,7 @@ class Agent:
     waits_for: str = "tool"  # what it waits for in TOOL: a tool call, or (a served agent) its client
     label: str = ""  # a served agent: its conversation's key
     reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
+    kept: list[KeptChunk] = field(default_factory=list)  # cut from its cells, put back as its prefill reaches them
 
     @property
     def context(self) -> int:
@@ -84,8 +86,15 @@ class Agent:
             return 0
         return len(self.history)
 
+    def fold_kept(self) -> None:
+        """Its kept chunks are prefilled instead: its cells are gone, or in another cache type."""
+        if self.kept:
+            self.pending = unfold(len(self.history), self.pending, self.kept)
+            self.kept = []
+
     def evict(self) -> None:
         """Its cells are gone while it waits for a tool: its history will be prefilled again on return."""
+        self.fold_kept()
         self.pending = self.history + self.pending
         self.history = []
         self.residency = Residency.NONE
@@ -93,6 +102,7 @@ class Agent:
 
     def requeue(self) -> None:
         """Its cache is gone: everything it held (and its sampled next token) must be prefilled again."""
+        self.fold_kept()
         self.pending = self.history + self.pending + ([self.next_token] if self.next_token is not None else [])
         self.history = []
         self.next_token = None

@@ -136,7 +136,7 @@ def make_engine(args: argparse.Namespace, progress=None):
         if getattr(args, "clients", False):  # the agents are the HTTP clients' conversations
             from swarmtune.engine.served import ServedAgents
 
-            agents = ServedAgents(backend, max_queue=args.max_queue)
+            agents = ServedAgents(backend, max_queue=args.max_queue, cache_reuse=args.cache_reuse)
         from swarmtune.engine.quality_check import QualityCheck
 
         # the live quality check on a model (the simulated card has no logits): it measures the live setting

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import swarmtune
+from swarmtune.engine.chunk_reuse import DEFAULT_MIN_TOKENS
 
 EXIT_BAD_INPUT = 2
 
@@ -36,6 +37,17 @@ def _whole(name: str) -> Callable[[str], int]:
             return int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a whole number (got {text!r})") from None
+    return parse
+
+
+def _at_least_zero(name: str) -> Callable[[str], int]:
+    whole = _whole(name)
+
+    def parse(text: str) -> int:
+        n = whole(text)
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be 0 (off) or more (got {n})")
+        return n
     return parse
 
 
@@ -160,6 +172,10 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
                         "tail is empty (a --record file keeps it)")
     g.add_argument("--max-queue", type=_positive_int("--max-queue"), default=64,
                    help="--clients: requests waiting for an agent, at most; past it, 503 with Retry-After")
+    g.add_argument("--cache-reuse", type=_at_least_zero("--cache-reuse"), default=DEFAULT_MIN_TOKENS, metavar="N",
+                   help="--clients: past the first token a prompt changed, keep runs of at least N of the "
+                        "conversation's old cells that reappear later, shifted into place, rather than prefill "
+                        f"them (as llama-server's --cache-reuse; default {DEFAULT_MIN_TOKENS}, 0: off)")
     g.add_argument("--record", dest="record_path", default=None,
                    help="also write every step and every served request to this file (JSON lines)")
     g.add_argument("--transcript", dest="transcript_path", default=None,

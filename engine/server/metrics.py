@@ -136,6 +136,8 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
     hits = Counter("swarmtune_prefix_cache_hits", "prompt tokens whose cells were reused", registry=reg)
     copied = Counter("swarmtune_prefix_cache_copied_tokens", "of the hits, tokens copied from another agent's cells",
                      registry=reg)
+    shifted = Counter("swarmtune_prefix_cache_shifted_tokens", "of the hits, old cells kept past a divergence and "
+                      "shifted into place (--cache-reuse)", registry=reg)
     misses = Counter("swarmtune_cache_misses", "requests that prefilled what their conversation had held, or were "
                      "new, by cause (docs/serving.md)", ["cause"], registry=reg)
     energy = Histogram("swarmtune_request_joules", "a request's share of its steps' energy (measured or modeled)",
@@ -158,6 +160,7 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
         queries.inc(rec.prompt_tokens)
         hits.inc(rec.cached_tokens)
         copied.inc(rec.copied_tokens)
+        shifted.inc(rec.shifted_tokens)
         if rec.miss_cause:
             misses.labels(rec.miss_cause).inc()
         if rec.joules is not None:
