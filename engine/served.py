@@ -361,8 +361,11 @@ class ServedAgents:
         if empty:
             return min(empty, key=lambda a: a.id), True
         lru = min(free, key=lambda a: (self._last_used.get(a.id, 0.0), a.id))
-        if lru is best and n:
-            return best, True  # the least recently used is the conversation it edits: keep the common prefix
+        r = self._reusable(self._known(lru), req.prompt)
+        if r >= MIN_COPY_TOKENS and r >= self._shared_prefix(req, but=lru):
+            # the least recently used is the conversation it edits (not one that shares no more than a chat
+            # template's first tokens, or less than a copy from another agent would give): keep what it can
+            return lru, True
         return lru, False  # displaces the least recently used
 
     def _assign(self, a: Agent, continues: bool, req: ServedRequest) -> None:
@@ -381,7 +384,7 @@ class ServedAgents:
         kept = self._cut(a, keep, req)
         self._rewind(a, keep)
         if not a.history and not a.pending and not kept and self.copy_prefix:
-            self._copy_shared_prefix(a, req)
+            kept = self._copy_shared_prefix(a, req)
         req.cached_tokens = len(a.history) if a.residency is not Residency.NONE else 0
         req.shifted_tokens = sum(len(k.tokens) for k in kept)
         req.cached_tokens += req.shifted_tokens
@@ -418,8 +421,9 @@ class ServedAgents:
             # it shares more than the system prompt (and the next message's header) with another conversation:
             # that one, edited (it stays whole on its agent for its own return)
             m = cache_miss.diverged(self._known(donor), req.prompt, req.copied_tokens, req.system_tokens, self._text)
-            return replace(m, words=f"{m.words} ({req.copied_tokens:,} tokens copied from agent {donor.id}, "
-                                    "whose conversation stays whole)")
+            cause, _, then = m.words.partition(": ")
+            return replace(m, words=f"{cause} ({req.copied_tokens:,} tokens copied from agent {donor.id}, whose "
+                                    f"conversation stays whole): {then}")
         return cache_miss.new_conversation(req.copied_tokens, f"agent {req.copied_from}")
 
     def _diverged(self, a: Agent, held: list[int], keep: int, req: ServedRequest) -> CacheMiss | None:
@@ -488,21 +492,40 @@ class ServedAgents:
         else:
             a.pending = a.pending[:keep]
 
-    def _copy_shared_prefix(self, a: Agent, req: ServedRequest) -> None:
-        """A new conversation that begins as another agent's does (a system prompt, tool definitions):
-        copy those cells rather than prefill them."""
-        donors = [d for d in self._agents if d is not a and d.residency is Residency.CACHE and d.history
-                  and d.state is not AgentState.PREEMPTED and d.seq < self.backend.n_seqs]
+    def _donors(self, a: Agent) -> list[Agent]:
+        return [d for d in self._agents if d is not a and d.residency is Residency.CACHE and d.history
+                and d.state is not AgentState.PREEMPTED and d.seq < self.backend.n_seqs]
+
+    def _reusable(self, held: list[int], prompt: list[int]) -> int:
+        """How many of prompt's tokens held's cells would give: the common prefix, and with --cache-reuse the
+        chunks after it (versions of one conversation share a prefix; the latest shares the most after it)."""
+        n = min(common_prefix(held, prompt), len(prompt) - 1)
+        if self.cache_reuse <= 0 or self.backend.why_no_shift() is not None:
+            return n
+        return n + sum(c.tokens for c in chunk_reuse.plan(held, prompt, n, self.cache_reuse))
+
+    def _shared_prefix(self, req: ServedRequest, but: Agent) -> int:
+        """The most of req's prompt a copy of another agent's cells would give."""
+        return max((self._reusable(d.history, req.prompt) for d in self._donors(but)), default=0)
+
+    def _copy_shared_prefix(self, a: Agent, req: ServedRequest) -> list[KeptChunk]:
+        """A new conversation that begins as another agent's does (a system prompt, tool definitions; or
+        that agent's conversation, edited or trimmed): copy those cells rather than prefill them, and the
+        chunks of the rest that reappear later in the prompt (the copy moves the whole stream anyway)."""
+        donors = self._donors(a)
         if not donors:
-            return
-        best = max(donors, key=lambda d: common_prefix(d.history, req.prompt))
+            return []
+        reuse = {d.id: self._reusable(d.history, req.prompt) for d in donors}
+        best = max(donors, key=lambda d: reuse[d.id])
+        if reuse[best.id] < MIN_COPY_TOKENS:
+            return []
         n = min(common_prefix(best.history, req.prompt), len(req.prompt) - 1)
-        if n < MIN_COPY_TOKENS:
-            return
         self.backend.copy(best.seq, a.seq)
-        self.backend.truncate(a.seq, n)
-        a.history = req.prompt[:n]
+        a.history = list(best.history)
+        kept = self._cut(a, n, req)
+        self._rewind(a, n)
         req.copied_tokens, req.copied_from = n, best.id
+        return kept
 
     def _wait_for_client(self, a: Agent) -> None:
         a.state = AgentState.TOOL
