@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
+from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.engine.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
 
@@ -219,7 +219,7 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
                          "input": json.loads(c.arguments)} for c in calls]
             reason, seq = _stop_reason(fin, bool(calls))
             return JSONResponse({**head, "content": content, "stop_reason": reason, "stop_sequence": seq,
-                                 "usage": _usage(fin)})
+                                 "usage": _usage(fin), "swarmtune": account(req)})
 
         async def stream() -> AsyncIterator[bytes]:
             yield _sse("message_start", {"type": "message_start", "message": {
@@ -259,7 +259,7 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
                     reason, seq = _stop_reason(ev, bool(made))
                     yield _sse("message_delta", {"type": "message_delta",
                                                  "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                                 "usage": _usage(ev)})
+                                                 "usage": _usage(ev), "swarmtune": account(req)})
                     yield _sse("message_stop", {"type": "message_stop"})
 
         return StreamingResponse(stream(), media_type="text/event-stream",

@@ -200,3 +200,14 @@ class Bridge:
         finally:
             if not done:
                 self.served.cancel(req)
+
+
+def account(req: ServedRequest) -> dict[str, Any]:
+    """An extension beside `usage` (as llama-server adds `timings`): what the request's prompt reused and,
+    where it prefilled what its conversation had held, why (docs/serving.md#why-a-turn-missed-its-cache)."""
+    m = req.miss
+    return {"agent": req.agent, "cached_tokens": req.cached_tokens, "copied_tokens": req.copied_tokens,
+            "copied_from": req.copied_from, "shifted_tokens": req.shifted_tokens,
+            "prefilled_tokens": req.prefilled_tokens,
+            "miss": None if m is None else {"at": m.at, "cause": m.cause, "words": m.words, "old": m.old,
+                                            "new": m.new}}

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
+from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.engine.server.openai_schema import (
     BadRequest,
     ChatRequest,
@@ -33,17 +33,6 @@ def usage_body(u: Usage) -> dict[str, Any]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
-
-
-def account(req: ServedRequest) -> dict[str, Any]:
-    """An extension beside `usage` (as llama-server adds `timings`): what the request's prompt reused and,
-    where it prefilled what its conversation had held, why (docs/serving.md#why-a-turn-missed-its-cache)."""
-    m = req.miss
-    return {"agent": req.agent, "cached_tokens": req.cached_tokens, "copied_tokens": req.copied_tokens,
-            "copied_from": req.copied_from, "shifted_tokens": req.shifted_tokens,
-            "prefilled_tokens": req.prefilled_tokens,
-            "miss": None if m is None else {"at": m.at, "cause": m.cause, "words": m.words, "old": m.old,
-                                            "new": m.new}}
 
 
 def normalised(m: Message) -> dict[str, Any]:
@@ -217,7 +206,7 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             return JSONResponse({
                 "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
                 "choices": [{"index": 0, "text": echo + text_out, "logprobs": None, "finish_reason": fin.reason}],
-                "usage": usage_body(fin.usage),
+                "usage": usage_body(fin.usage), "swarmtune": account(req),
             })
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -239,7 +228,7 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
                     yield sse(chunk("", ev.reason))
                     if include_usage:
                         yield sse({"id": cid, "object": "text_completion", "created": now, "model": model,
-                                   "choices": [], "usage": usage_body(ev.usage)})
+                                   "choices": [], "usage": usage_body(ev.usage), "swarmtune": account(req)})
             yield sse("[DONE]")
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, plan_tools
+from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.engine.server.openai_api import busy_response, whole_reply
 from swarmtune.engine.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
@@ -162,7 +162,8 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                     "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) else "auto",
                     "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature,
                     "top_p": body.top_p, "max_output_tokens": body.max_output_tokens, "error": None,
-                    "metadata": {}, "text": {"format": {"type": "text"}}, "store": body.store}
+                    "metadata": {}, "text": {"format": {"type": "text"}}, "store": body.store,
+                    **({"swarmtune": account(req)} if fin is not None else {})}
 
         def output_of(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []

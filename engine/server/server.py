@@ -30,6 +30,7 @@ from swarmtune.engine.server.guard import Guard, GuardPolicy
 from swarmtune.engine.server.metrics import make_registry
 from swarmtune.engine.server.openai_api import add_openai_routes
 from swarmtune.engine.server.openai_schema import BadRequest, error_body, parse_json
+from swarmtune.engine.server.requests_api import add_request_routes
 from swarmtune.engine.server.responses_api import add_responses_routes
 from swarmtune.engine.server.runner import DIED, EngineRunner
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
@@ -247,11 +248,13 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         add_openai_routes(app, bridge)
         add_anthropic_routes(app, bridge)
         add_responses_routes(app, bridge)
+        add_request_routes(app, served)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # an OpenAI client reads OpenAI's shape; swarmtune's own clients read "detail"
-        msg = f"no route {request.method} {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        routeless = exc.status_code == 404 and exc.detail == "Not Found"  # Starlette's own, not a route's
+        msg = f"no route {request.method} {request.url.path}" if routeless else str(exc.detail)
         return JSONResponse({**error_body(msg, "invalid_request_error", None, str(exc.status_code)),
                              "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
