@@ -414,8 +414,8 @@ class Engine:
         a.state = AgentState.PREEMPTED
 
     # residency: where a waiting agent's history lives
-    def _move(self, a: Agent, op: str, nbytes: float, seconds: float, source: str) -> None:
-        self._moves.append(Move(a.id, op, int(nbytes), seconds, source))
+    def _move(self, a: Agent, op: str, nbytes: float, seconds: float, source: str, cells: int = 0) -> None:
+        self._moves.append(Move(a.id, op, int(nbytes), seconds, source, cells))
 
     def _park(self, a: Agent) -> None:
         """An agent just called a tool: keep its cells, swap them out to host memory, or drop them."""
@@ -513,7 +513,7 @@ class Engine:
             a.kept.pop(0)
             a.history.extend(k.tokens)
             self._move(a, "paste", int(self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)), seconds,
-                       self._cost_source)
+                       self._cost_source, a.context)
 
     def _sampled(self, a: Agent, tok: int, seconds: float) -> None:
         """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or

@@ -48,6 +48,7 @@ class Move:
     bytes: int
     seconds: float
     source: str  # measured, or modeled (the sim: bytes over the profile's host link)
+    cells: int = 0  # paste: the cells its sequence held after it (a paste saves and sets them all)
 
 
 @dataclass

@@ -143,6 +143,10 @@ class ServedAgents:
         self.max_queue = max_queue
         self.copy_prefix = copy_prefix
         self.cache_reuse = cache_reuse  # the shortest run of old cells kept past a divergence; 0: off
+        # what a kept chunk saves and costs here, measured as the server runs (None: not yet seen): a chunk is
+        # kept only where prefilling it would take longer than putting it back (engine/chunk_reuse.py)
+        self._prefill_s_per_token: float | None = None
+        self._paste_s_per_cell: float | None = None
         self.on_finish = on_finish or (lambda req, rec: None)
         self._queue: deque[ServedRequest] = deque()
         self._closing = False
@@ -461,7 +465,7 @@ class ServedAgents:
         if (self.cache_reuse <= 0 or a.residency is not Residency.CACHE or a.pending or keep >= len(held)
                 or self.backend.why_no_shift() is not None):
             return []
-        chunks = chunk_reuse.plan(held, req.prompt, keep, self.cache_reuse)
+        chunks = self._plan(held, req.prompt, keep)
         if not chunks:
             return []
         handles = self.backend.cut(a.seq, keep, chunks)
@@ -502,7 +506,16 @@ class ServedAgents:
         n = min(common_prefix(held, prompt), len(prompt) - 1)
         if self.cache_reuse <= 0 or self.backend.why_no_shift() is not None:
             return n
-        return n + sum(c.tokens for c in chunk_reuse.plan(held, prompt, n, self.cache_reuse))
+        return n + sum(c.tokens for c in self._plan(held, prompt, n))
+
+    def _plan(self, held: list[int], prompt: list[int], keep: int) -> list[chunk_reuse.Chunk]:
+        """The chunks --cache-reuse keeps, less those whose paste (the sequence up to its end saved and set
+        again) costs more than their prefill, as both were last measured here."""
+        chunks = chunk_reuse.plan(held, prompt, keep, self.cache_reuse)
+        pre, paste = self._prefill_s_per_token, self._paste_s_per_cell
+        if pre is None or paste is None:
+            return chunks
+        return [c for c in chunks if c.tokens * pre > (c.prompt_at + c.tokens) * paste]
 
     def _shared_prefix(self, req: ServedRequest, but: Agent) -> int:
         """The most of req's prompt a copy of another agent's cells would give."""
@@ -574,6 +587,11 @@ class ServedAgents:
     def on_record(self, step: StepRecord) -> None:
         """After every step: each request in it is charged the step's seconds and its share of the energy;
         the requests that ended in it are then written."""
+        if step.kind == "prefill" and step.tokens > 0 and step.seconds > 0:
+            self._prefill_s_per_token = _ema(self._prefill_s_per_token, step.seconds / step.tokens)
+        for m in step.moved:
+            if m.op == "paste" and m.cells > 0:
+                self._paste_s_per_cell = _ema(self._paste_s_per_cell, m.seconds / m.cells)
         shares = joules_by_agent(step)
         in_step = set(step.batch_ids)
         # an ended request whose agent another request has taken since (a cancelled one, closed before the
@@ -596,6 +614,10 @@ class ServedAgents:
             with self._lock:
                 self._records.append(rec)
             self.on_finish(req, rec)
+
+
+def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else old + weight * (new - old)
 
 
 def _median(xs: "deque[int] | deque[float]") -> float:

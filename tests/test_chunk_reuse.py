@@ -159,3 +159,12 @@ def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fr
 def _kl(got: np.ndarray, want: np.ndarray) -> float:
     lw, lg = want - np.logaddexp.reduce(want), got - np.logaddexp.reduce(got)
     return float(np.sum(np.exp(lw) * (lw - lg)))
+
+
+def test_a_chunk_whose_paste_costs_more_than_its_prefill_is_prefilled():
+    e, served = make(cache_reuse=32)
+    first, again = header_turns(e, served)  # its prefill steps measured the prefill rate
+    assert served._prefill_s_per_token is not None
+    served._paste_s_per_cell = served._prefill_s_per_token * 10  # as on a card whose host link is slow
+    _, rec = turn(e, served, again)
+    assert rec.shifted_tokens == 0 and rec.prefilled_tokens > len(again) - 20
