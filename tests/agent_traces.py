@@ -41,7 +41,7 @@ def _sources() -> tuple[Path, ...]:
     return tuple(sorted(p for p in root.glob("*.py") if p.stat().st_size > 6000))
 
 
-def _slice(rng: random.Random, chars: int) -> str:
+def tool_output(rng: random.Random, chars: int) -> str:
     """Tool output: a slice of a standard-library source, as `sed -n` would print it."""
     path = rng.choice(_sources())
     text = path.read_text(encoding="utf-8", errors="replace")
@@ -71,15 +71,25 @@ TOOLS = [
 ]
 
 
-def system_prompt(files: int) -> str:
-    """Guidelines, a tool catalogue and an environment block listing `files` files (its length)."""
+@cache
+def _first_line(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.strip(' "#\'') and not line.startswith(("#!", "# -*-")):
+            return line.strip(' "#\'')[:100]
+    return ""
+
+
+def system_prompt(files: int, notes: bool = False) -> str:
+    """Guidelines, a tool catalogue and an environment block listing `files` files, each with its first
+    line where `notes` (its length: a real agent's is thousands of tokens)."""
     tools = "\n".join(f"## {n}\n{d}\nParameters: {p}" for n, d, p in TOOLS)
-    listing = "\n".join(f"  {p.name}" for p in _sources()[:files])
+    listing = "\n".join(f"  {p.name}" + (f": {_first_line(p)}" if notes else "") for p in _sources()[:files])
     return ("\n".join(GUIDELINES) + "\n\n# Tools\n" + tools + "\n\n# Environment\nPlatform: linux\nIs a git "
             "repository: yes\nFiles:\n" + listing)
 
 
-def claude_code(seed: int, turns: int = 5, files: int = 60, tool_chars: int = 500) -> list[TraceTurn]:
+def claude_code(seed: int, turns: int = 5, files: int = 60, tool_chars: int = 500,
+                notes: bool = False) -> list[TraceTurn]:
     rng = random.Random(seed)
     session = f"user_{rng.getrandbits(64):016x}_account__session_{rng.getrandbits(64):016x}"
     messages: list[dict] = [{"role": "user", "content": "The CSV export drops the last column of quoted rows. "
@@ -89,11 +99,11 @@ def claude_code(seed: int, turns: int = 5, files: int = 60, tool_chars: int = 50
         header = (f"x-anthropic-billing-header: cc_version=2.1.{rng.randrange(10, 99)}.{rng.getrandbits(12):03x}; "
                   f"cc_entrypoint=cli; cch={rng.getrandbits(20):05x};")
         system = [{"type": "text", "text": header},
-                  {"type": "text", "text": "You are Claude Code, a CLI for coding.\n" + system_prompt(files)}]
+                  {"type": "text", "text": "You are Claude Code, a CLI for coding.\n" + system_prompt(files, notes)}]
         out.append(TraceTurn("main", "messages", {"system": system, "messages": list(messages),
                                                   "metadata": {"user_id": session}}))
         messages = messages + [{"role": "assistant", "content": f"I will look at the next file ({n + 1})."},
-                               {"role": "user", "content": _slice(rng, tool_chars)}]
+                               {"role": "user", "content": tool_output(rng, tool_chars)}]
     return out
 
 
@@ -117,7 +127,7 @@ def opencode(seed: int, turns: int = 5, files: int = 40, tool_chars: int = 500) 
                 messages.append({"role": "assistant", "content": replies[i]})
         out.append(TraceTurn("main", "chat", {"messages": messages}))
         replies.append(f"Step {n + 1}: reading the next source.")
-        said.append(_slice(rng, tool_chars))
+        said.append(tool_output(rng, tool_chars))
     return out
 
 
@@ -127,7 +137,7 @@ def aider(seed: int, turns: int = 5, files: int = 40, tool_chars: int = 500) -> 
               "with a SEARCH/REPLACE block.\n" + "\n".join(GUIDELINES[:5]))
     repo_map = "Here are summaries of some files present in my git repository:\n" + "\n".join(
         f"{p.name}:\n  def main()\n  class {p.stem.title()}Error(Exception)" for p in _sources()[:files])
-    lines = _slice(rng, 2000).splitlines()
+    lines = tool_output(rng, 2000).splitlines()
     asks: list[tuple[str, str]] = []
     out = []
     for n in range(turns):
@@ -138,7 +148,7 @@ def aider(seed: int, turns: int = 5, files: int = 40, tool_chars: int = 500) -> 
                     {"role": "assistant", "content": "Ok, any changes I propose will be to that file."}]
         for ask, reply in asks:
             messages += [{"role": "user", "content": ask}, {"role": "assistant", "content": reply}]
-        messages.append({"role": "user", "content": f"Change {n + 1}: {_slice(rng, tool_chars // 2)}"})
+        messages.append({"role": "user", "content": f"Change {n + 1}: {tool_output(rng, tool_chars // 2)}"})
         out.append(TraceTurn("main", "chat", {"messages": messages}))
         asks.append((messages[-1]["content"], f"src/module.py\n<<<<<<< SEARCH\n{lines[len(lines) // 2]}\n"
                                               f"=======\n# changed in step {n + 1}\n>>>>>>> REPLACE"))
@@ -156,7 +166,7 @@ def subagents(seed: int, files: int = 40, tool_chars: int = 500) -> list[TraceTu
         for i in range(n):
             out.append(TraceTurn(who, "chat", {"messages": list(msgs), "user": who}))
             msgs += [{"role": "assistant", "content": f"{who}: reading source {i + 1}."},
-                     {"role": "user", "content": _slice(rng, tool_chars)}]
+                     {"role": "user", "content": tool_output(rng, tool_chars)}]
         return out, msgs
 
     parent, parent_msgs = talk("parent", "Migrate the config loader to the new settings API.", 2)
@@ -166,7 +176,7 @@ def subagents(seed: int, files: int = 40, tool_chars: int = 500) -> list[TraceTu
     for i in range(2):
         more.append(TraceTurn("parent", "chat", {"messages": list(parent_msgs), "user": "parent"}))
         parent_msgs += [{"role": "assistant", "content": f"parent: applying finding {i + 1}."},
-                        {"role": "user", "content": _slice(rng, tool_chars)}]
+                        {"role": "user", "content": tool_output(rng, tool_chars)}]
     return parent + one + two + more
 
 
@@ -181,7 +191,7 @@ def trimmed(seed: int, turns: int = 8, files: int = 30, tool_chars: int = 700, k
     for n in range(turns):
         out.append(TraceTurn("main", "chat", {"messages": head + sum(exchanges, [])}))
         exchanges.append([{"role": "assistant", "content": f"Profiling step {n + 1}."},
-                          {"role": "user", "content": _slice(rng, tool_chars)}])
+                          {"role": "user", "content": tool_output(rng, tool_chars)}])
         if len(exchanges) > keep:
             exchanges.pop(0)
     return out
