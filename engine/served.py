@@ -41,6 +41,9 @@ SHAPE_TURNS = 64  # the traffic's shape (what a turn generates, adds, waits) is 
 # displaced conversations remembered, to say so when one comes back: each new conversation is compared with
 # them token by token on the engine's thread, as with every free agent, so they are few
 DISPLACED_KEPT = 16
+# a waiting conversation is expected back within this many of its usual gaps (plus a grace for a client's
+# own work); past that the worth of its cells fades, as a finished conversation's should
+RETURN_GAPS, RETURN_GRACE_S = 4, 2.0
 
 
 class Busy(Exception):
@@ -159,6 +162,7 @@ class ServedAgents:
         self._keys: dict[int, str] = {}  # agent id -> its conversation's key
         self._last_used: dict[int, float] = {}
         self._replied_at: dict[int, float] = {}
+        self._gap_s: dict[int, float] = {}  # agent id -> how long its conversation tends to take to come back
         self._prompt_end: dict[int, int] = {}  # agent id -> the length of the last prompt it took
         # conversations displaced from their agent, newest last: (their tokens, who displaced them), so that
         # one coming back can be told it was displaced rather than new
@@ -238,6 +242,7 @@ class ServedAgents:
         agent.label, agent.reused_tokens, agent.tail = "", None, ""
         self._keys.pop(agent.id, None)
         self._prompt_end.pop(agent.id, None)
+        self._gap_s.pop(agent.id, None)
         agent.tasks += 1
         agent.turns = 0
 
@@ -364,13 +369,32 @@ class ServedAgents:
         empty = [a for a in free if not self._known(a)]
         if empty:
             return min(empty, key=lambda a: a.id), True
-        lru = min(free, key=lambda a: (self._last_used.get(a.id, 0.0), a.id))
-        r = self._reusable(self._known(lru), req.prompt)
-        if r >= MIN_COPY_TOKENS and r >= self._shared_prefix(req, but=lru):
-            # the least recently used is the conversation it edits (not one that shares no more than a chat
+        victim = self._victim(free)
+        r = self._reusable(self._known(victim), req.prompt)
+        if r >= MIN_COPY_TOKENS and r >= self._shared_prefix(req, but=victim):
+            # the conversation it would displace is the one it edits (not one that shares no more than a chat
             # template's first tokens, or less than a copy from another agent would give): keep what it can
-            return lru, True
-        return lru, False  # displaces the least recently used
+            return victim, True
+        return victim, False
+
+    def _victim(self, free: list[Agent]) -> Agent:
+        """The waiting conversation whose cells are worth least: its own cells (what no copy of another
+        agent's could give back: a sub-agent's are mostly its parent's prompt), discounted once it has
+        waited well past the gap after which it usually comes back (a finished conversation fades). The
+        least recently used breaks ties: with nothing learnt yet, the rule is LRU."""
+        now = time.perf_counter()
+        typical = _median(self._waits) if self._waits else None
+
+        def value(a: Agent) -> tuple[float, float, int]:
+            held = self._known(a)
+            own = len(held) - max((common_prefix(d.history, held) for d in self._donors(a)), default=0)
+            gap = self._gap_s.get(a.id, typical)
+            waited = now - self._replied_at.get(a.id, self._last_used.get(a.id, now))
+            patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
+            likely = 1.0 if patience is None or waited <= patience else patience / waited
+            return own * likely, self._last_used.get(a.id, 0.0), a.id
+
+        return min(free, key=value)
 
     def _assign(self, a: Agent, continues: bool, req: ServedRequest) -> None:
         gone = (self._known(a), a.label) if not continues and self._known(a) else None
@@ -379,7 +403,9 @@ class ServedAgents:
         held = self._known(a)
         keep = common_prefix(held, req.prompt)
         if a.id in self._replied_at and keep:
-            self._waits.append(time.perf_counter() - self._replied_at.pop(a.id))
+            gap = time.perf_counter() - self._replied_at.pop(a.id)
+            self._waits.append(gap)
+            self._gap_s[a.id] = _ema(self._gap_s.get(a.id), gap, 0.5)
             self._added.append(len(req.prompt) - keep)
             self._reshape()
         dropped = a.residency is Residency.NONE and keep > 0

@@ -168,3 +168,26 @@ def test_a_chunk_whose_paste_costs_more_than_its_prefill_is_prefilled():
     served._paste_s_per_cell = served._prefill_s_per_token * 10  # as on a card whose host link is slow
     _, rec = turn(e, served, again)
     assert rec.shifted_tokens == 0 and rec.prefilled_tokens > len(again) - 20
+
+
+def parent_after_subagents(lru: bool):
+    """A parent's two turns, then three sub-agents with its system prompt on a 3-agent server (the third
+    must displace someone), then the parent's next turn: its record."""
+    e, served = make(cache_reuse=32, agents=3)
+    if lru:  # the least-recent rule, for the contrast
+        served._victim = lambda free: min(free, key=lambda a: (served._last_used.get(a.id, 0.0), a.id))
+    tok = e.backend.tokenize
+    system = tok("system: you are a coding agent; tools: read, grep, edit, run the tests. " * 6)
+    r, _ = turn(e, served, system + tok("user: migrate the config loader to the settings API. " * 8))
+    parent = next(a for a in e.agents if a.id == r.agent)
+    _, rec = turn(e, served, parent.history + tok(" tool: config.py defines load_config and three callers. " * 4))
+    for i in range(3):
+        turn(e, served, system + tok(f"user: sub-agent {i}: list the callers of load_config in part {i}."))
+    return turn(e, served, parent.history + tok(" tool: the sub-agents found seven callers. " * 3)), rec
+
+
+def test_a_burst_of_subagents_leaves_the_parents_cells_where_lru_would_not():
+    (r, rec), before = parent_after_subagents(lru=False)
+    assert rec.cached_tokens >= before.prompt_tokens and rec.miss_cause in ("", "reply")
+    (r, rec), before = parent_after_subagents(lru=True)
+    assert rec.cached_tokens < before.prompt_tokens / 2  # the parent was the least recently used: displaced
