@@ -79,3 +79,9 @@ def kept_by_shift(m: CacheMiss, shifted: int, prefilled: int) -> CacheMiss:
     cause = m.words.split(": ", 1)[0]
     return replace(m, words=f"{cause}: {shifted:,} tokens after it were kept, shifted into place; "
                             f"{prefilled:,} prefilled")
+
+
+def short(m: CacheMiss, shifted: int, prefilled: int) -> str:
+    """A miss in a few words, for a dashboard's row: "system at 8: 2,683 kept by shift, 150 prefilled"."""
+    kept = f"{shifted:,} kept by shift, " if shifted else ""
+    return f"{m.cause} at {m.at:,}: {kept}{prefilled:,} prefilled"

@@ -775,7 +775,7 @@ class Engine:
             if a.state is AgentState.TOOL:
                 state = a.waits_for  # a tool call, or a client that has not sent its next request
             out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
-                                 a.label, a.reused_tokens))
+                                 a.label, a.reused_tokens, a.miss))
         return out
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ class AgentView:
     residency: str = "cache"  # where its history is: cache (KV cells) | host (swapped out) | none (dropped)
     label: str = ""  # a served agent: its conversation's key (the request's `user`, a header, or its own)
     reused: int | None = None  # a served agent: tokens of its last prompt whose cells were reused
+    miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short ("" if it did not)
 
 
 @dataclass

@@ -239,7 +239,7 @@ class ServedAgents:
         agent.next_token, agent.turn_generated, agent.turn_text = None, 0, ""
         agent.residency, agent.swapped = Residency.CACHE, None
         self._wait_for_client(agent)
-        agent.label, agent.reused_tokens, agent.tail = "", None, ""
+        agent.label, agent.reused_tokens, agent.tail, agent.miss = "", None, "", ""
         self._keys.pop(agent.id, None)
         self._prompt_end.pop(agent.id, None)
         self._gap_s.pop(agent.id, None)
@@ -432,6 +432,7 @@ class ServedAgents:
             self._displaced.append((gone[0], a.label))
         self._prompt_end[a.id] = len(req.prompt)
         a.reused_tokens = req.cached_tokens
+        a.miss = cache_miss.short(req.miss, req.shifted_tokens, req.prefilled_tokens) if req.miss else ""
         a.kept = kept
         a.tool_pending = self._to_prefill(req.prompt, len(self._known(a)), kept)
         a.tool_ready_at = 0.0  # the engine's _wake_tools brings its history back and queues the suffix

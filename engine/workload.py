@@ -73,6 +73,7 @@ class Agent:
     waits_for: str = "tool"  # what it waits for in TOOL: a tool call, or (a served agent) its client
     label: str = ""  # a served agent: its conversation's key
     reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
+    miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short
     kept: list[KeptChunk] = field(default_factory=list)  # cut from its cells, put back as its prefill reaches them
 
     @property

@@ -192,3 +192,22 @@ def test_a_cancelled_request_is_not_charged_for_the_next_request_on_its_agent():
     assert [r.id for r in recs] == [r1.id, r2.id] and r2.agent == r1.agent
     spent = sum(s.joules for s in steps if s.kind in ("prefill", "decode"))
     assert abs(sum(r.joules for r in recs) - spent) < 1e-6 * spent
+
+
+def test_the_dashboard_lists_misses_and_each_agents_joules_per_token():
+    from swarmtune.tui.stats import Stats
+
+    e, served, steps = metered(2)
+    clients = [ask(e, served, toks(e, f"agent {i} reads file {i}.py " * 20), max_tokens=10, seed=i) for i in range(2)]
+    run(e, lambda: all(c.done is not None for _, c in clients))
+    recs = served.drain_records()
+    st = Stats()
+    for s in steps:
+        st.add(s)
+    # each served turn's miss, once, with its agent (both were new conversations)
+    assert sorted(aid for _, aid, _, _ in st.misses) == sorted(r.agent for r in recs)
+    assert all(m.startswith("new at 0: ") and m.endswith(" prefilled") for *_, m in st.misses)
+    for r in recs:
+        # the steps' shares over its tokens: what its request was charged, over the tokens its agent generated
+        generated = steps[-1].agents[r.agent].generated
+        assert abs(st.agent_joules_per_token(r.agent, generated) / (r.joules / generated) - 1) < 1e-6

@@ -204,6 +204,9 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
         # its row: its key, and (once the paced sim's records catch up) waiting for its client
         assert await wait_for(pilot, lambda: app.stats.latest is not None and any(
             a.label == "reviewer" and a.state == "client" for a in app.stats.latest.agents), 60)
+        # a new conversation is a miss: the panel under the agents appears and says so
+        assert await wait_for(pilot, lambda: app.query_one("#misses").display)
+        assert [m for *_, m in app.stats.misses][-1].startswith("new at 0: ")
         await pilot.press("k")  # the dashboard's controls reach the served engine
         assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
         await pilot.press("q")

@@ -4,10 +4,12 @@ Pure Python (no widgets), so replay, attach and the live engine share it."""
 from collections import deque
 from dataclasses import dataclass, field
 
+from swarmtune.engine.energy_share import joules_by_agent
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.rolling import RollingRate
 
 HISTORY = 240
+MISSES_KEPT = 5  # the misses panel's rows
 
 
 @dataclass
@@ -32,6 +34,12 @@ class Stats:
     # tokens and seconds the swarm ran at it (measured): the trade of quality for speed, side by side
     quality: dict = field(default_factory=dict)
     kv_decode: dict = field(default_factory=dict)  # kv -> [tokens, seconds]
+    # served agents: the latest misses, newest last (the step's clock, agent id, its conversation, the miss in
+    # short), and each agent's share of the steps' energy with the tokens it generated meanwhile
+    misses: deque = field(default_factory=lambda: deque(maxlen=MISSES_KEPT))
+    _last_miss: dict = field(default_factory=dict)  # agent id -> the miss last listed
+    agent_joules: dict = field(default_factory=dict)  # agent id -> joules since the dashboard began
+    _generated_from: dict = field(default_factory=dict)  # agent id -> its generated count when first seen
 
     def reset(self) -> None:
         header = self.header
@@ -63,6 +71,12 @@ class Stats:
         for a in r.agents:
             d = self.agent_rate.setdefault(a.id, deque(maxlen=64))
             d.append((t, a.generated))
+            self._generated_from.setdefault(a.id, a.generated)
+            if a.miss and a.miss != self._last_miss.get(a.id):
+                self.misses.append((t, a.id, a.label, a.miss))
+            self._last_miss[a.id] = a.miss
+        for aid, joules in joules_by_agent(r).items():
+            self.agent_joules[aid] = self.agent_joules.get(aid, 0.0) + joules
 
     def _tune(self, r: StepRecord) -> None:
         d = r.tune.to_json() if r.tune is not None else {}
@@ -111,6 +125,13 @@ class Stats:
         if not d or len(d) < 2 or d[-1][0] <= d[0][0]:
             return 0.0
         return (d[-1][1] - d[0][1]) / (d[-1][0] - d[0][0])
+
+    def agent_joules_per_token(self, agent_id: int, generated: int) -> float | None:
+        """An agent's share of the steps' energy (engine/energy_share.py) over the tokens it generated since
+        the dashboard began: None before either is known."""
+        tokens = generated - self._generated_from.get(agent_id, generated)
+        joules = self.agent_joules.get(agent_id)
+        return joules / tokens if joules and tokens > 0 else None
 
     @property
     def joules_per_token(self) -> float | None:

@@ -1,5 +1,6 @@
-"""One row per agent: state, context against its limit, tokens generated, its rate, the tail of its text
-(a served agent's: its conversation's key and the prompt tokens it reused first).
+"""One row per agent: state, context against its limit, tokens generated, its rate, its joules per token
+(its share of each step's energy, engine/energy_share.py), the tail of its text (a served agent's: its
+conversation's key and the prompt tokens it reused first).
 
 Fixed-width lines of rich Text, not a Table or a DataTable: the rows are rebuilt whole at each repaint,
 and measuring a Table's cells took 3.7 ms a frame against 0.85 ms for these lines (a DataTable's per-cell
@@ -19,12 +20,19 @@ STATE_STYLE = {"decoding": "green", "waiting": "yellow", "prefilling": "cyan", "
 RESIDENCY_MARK = {"cache": "", "host": " ↓host", "none": " ↓drop"}
 BAR = 8
 # column widths; the text tail takes what is left of the line
-ID_W, STATE_W, CONTEXT_W, GEN_W, RATE_W = 2, 10, 20, 6, 6
-FIXED_W = ID_W + STATE_W + CONTEXT_W + GEN_W + RATE_W + 5  # and a space after each column
+ID_W, STATE_W, CONTEXT_W, GEN_W, RATE_W, JOULES_W = 2, 10, 20, 6, 6, 6
+FIXED_W = ID_W + STATE_W + CONTEXT_W + GEN_W + RATE_W + JOULES_W + 6  # and a space after each column
 
 
 def tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}"
+
+
+def joules(j: float | None) -> str:
+    """Joules per token: three significant figures, "-" where no energy figure exists."""
+    if j is None:
+        return "-"
+    return f"{j:.3g}" if j < 1000 else f"{j:.0f}"
 
 
 def context_bar(context: int, limit: int) -> Text:
@@ -53,6 +61,7 @@ class AgentsTable(TextLines):
         super().__init__(*args, **kwargs)
         self._agents: list[AgentView] = []
         self._rates: dict[int, float] = {}
+        self._joules: dict[int, float | None] = {}
 
     def show(self, stats: Stats) -> None:
         r = stats.latest
@@ -61,6 +70,7 @@ class AgentsTable(TextLines):
         reflow = len(r.agents) != len(self._agents)  # its height changes only when agents come or go
         self._agents = list(r.agents)
         self._rates = {a.id: stats.agent_tokens_per_second(a.id) for a in r.agents}
+        self._joules = {a.id: stats.agent_joules_per_token(a.id, a.generated) for a in r.agents}
         if reflow:
             self.refresh(layout=True)
         self.redraw()
@@ -72,13 +82,14 @@ class AgentsTable(TextLines):
         tail_w = max(0, width - FIXED_W)
         lines = [Text.assemble(cell("id", ID_W, True), " ", cell("state", STATE_W), " ", cell("context", CONTEXT_W),
                                " ", cell("gen", GEN_W, True), " ", cell("tok/s", RATE_W, True), " ",
-                               cell("text", tail_w), style="bold")]
+                               cell("J/tok", JOULES_W, True), " ", cell("text", tail_w), style="bold")]
         for a in self._agents:
             state = Text(a.state + RESIDENCY_MARK.get(a.residency, ""), style=STATE_STYLE.get(a.state, ""))
             lines.append(Text.assemble(
                 cell(str(a.id), ID_W, True), " ", cell(state, STATE_W),
                 " ", cell(context_bar(a.context, a.limit), CONTEXT_W), " ", cell(f"{a.generated:,}", GEN_W, True),
-                " ", cell(f"{self._rates[a.id]:.1f}", RATE_W, True), " ",
-                cell(served_label(a.label, a.reused) + a.tail.replace("\n", " ")[-40:], tail_w),
+                " ", cell(f"{self._rates[a.id]:.1f}", RATE_W, True),
+                " ", cell(joules(self._joules[a.id]), JOULES_W, True),
+                " ", cell(served_label(a.label, a.reused) + a.tail.replace("\n", " ")[-40:], tail_w),
             ))
         return Text("\n").join(lines)
