@@ -222,7 +222,7 @@ def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: flo
                 body["stream_options"] = {"include_usage": True}
             path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/messages"
             t0 = time.perf_counter()
-            ttft, rid, usage, timings, account, prompt = None, "", {}, None, None, 0
+            ttft, rid, usage, timings, account = None, "", {}, None, None
             with http.stream("POST", path, json=body) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"{path}: {r.status_code} {r.read().decode()[:300]}")
@@ -235,9 +235,9 @@ def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: flo
                     if text and ttft is None:
                         ttft = time.perf_counter() - t0
                     rid = ev.get("id") or (ev.get("message") or {}).get("id") or rid
-                    if ev.get("type") == "message_start":
-                        prompt = ev["message"]["usage"].get("input_tokens", 0)
-                    usage = ev.get("usage") or usage
+                    # Anthropic's usage comes in parts (llama-server: the input on message_start, swarmtune:
+                    # on message_delta), OpenAI's whole on its last chunk: the later keys win
+                    usage = {**usage, **((ev.get("message") or {}).get("usage") or {}), **(ev.get("usage") or {})}
                     timings = ev.get("timings") or timings
                     account = ev.get("swarmtune") or account
             if t.endpoint == "chat":
