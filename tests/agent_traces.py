@@ -215,7 +215,9 @@ def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: flo
     """Send a trace's turns in order, streamed, and read what each prefilled: swarmtune's usage and
     extension object, llama-server's `timings.prompt_n` (chat) or its Anthropic usage's uncached input."""
     out = []
-    with httpx.Client(base_url=url, timeout=timeout_s) as http:
+    # a connection per request: llama-server's HTTP server closes kept-alive connections on its own schedule,
+    # and a request sent on one it just closed fails without an answer
+    with httpx.Client(base_url=url, timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         for t in turns:
             body = {**t.body, "model": "m", "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
             if t.endpoint == "chat":
