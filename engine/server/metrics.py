@@ -7,6 +7,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from swarmtune.engine.records import RequestRecord
 from swarmtune.engine.served import ServedAgents, ServedRequest
 from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.engine.server.vllm_metrics import mirror_vllm
 
 
 class EngineCollector(Collector):
@@ -27,6 +28,12 @@ class EngineCollector(Collector):
         yield from gauge("swarmtune_tokens_per_second", "decode tokens per second, rolling 5 s",
                          run.rolling.tokens_per_second)
         yield from gauge("swarmtune_paused", "1 while the engine is paused", 1.0 if run.paused else 0.0)
+        st = run.engine.state()
+        yield from gauge("swarmtune_tuner_on", "1 while the tuner holds the settings", 1.0 if st.autotune else 0.0)
+        kv = GaugeMetricFamily("swarmtune_kv_setting", "the KV setting in force (1), by its name (K/V apart as "
+                               "q8_0/f16)", labels=["kv"])
+        kv.add_metric([st.kv], 1.0)
+        yield kv
         steps = CounterMetricFamily("swarmtune_steps", "engine steps since start", labels=["source"])
         steps.add_metric([src], run.rolling.steps_total)
         yield steps
@@ -175,4 +182,6 @@ def make_registry(runner: EngineRunner) -> CollectorRegistry:
     if runner.served is not None:
         reg.register(ServedCollector(runner.served))
         observe_requests(reg, runner.served)
+        mirror_vllm(reg, runner, runner.served, {"ttft": TTFT_BUCKETS_S, "itl": ITL_BUCKETS_S,
+                                                 "request": REQUEST_BUCKETS_S})
     return reg
