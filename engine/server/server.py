@@ -33,6 +33,7 @@ from swarmtune.engine.server.openai_schema import BadRequest, error_body, parse_
 from swarmtune.engine.server.requests_api import add_request_routes
 from swarmtune.engine.server.responses_api import add_responses_routes
 from swarmtune.engine.server.runner import DIED, EngineRunner
+from swarmtune.engine.server.worker_api import add_worker_routes
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 
 OPEN_PATHS = ("/metrics", "/health")
@@ -249,6 +250,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         add_anthropic_routes(app, bridge)
         add_responses_routes(app, bridge)
         add_request_routes(app, served)
+        add_worker_routes(app, runner)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
