@@ -211,7 +211,8 @@ class TurnResult:
     account: dict | None  # swarmtune's extension object (None from another server)
 
 
-def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: float = 600) -> list[TurnResult]:
+def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: float = 600,
+           extra: dict | None = None) -> list[TurnResult]:
     """Send a trace's turns in order, streamed, and read what each prefilled: swarmtune's usage and
     extension object, llama-server's `timings.prompt_n` (chat) or its Anthropic usage's uncached input."""
     out = []
@@ -219,7 +220,8 @@ def replay(url: str, turns: list[TraceTurn], max_tokens: int = 8, timeout_s: flo
     # and a request sent on one it just closed fails without an answer
     with httpx.Client(base_url=url, timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         for t in turns:
-            body = {**t.body, "model": "m", "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
+            body = {**t.body, "model": "m", "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
+                    **(extra or {})}
             if t.endpoint == "chat":
                 body["stream_options"] = {"include_usage": True}
             path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/messages"
