@@ -6,8 +6,9 @@ them that matches the prompt where the prompt stands; it never skips the prompt'
 keeps what follows a removal and nothing after an insertion or a replaced value (a timestamp in the system
 header). This plan skips either side: for each prompt position after the divergence it looks for the old
 history's continuation there, so a header value that changed costs its own few tokens and the rest of the
-history is shifted into place. Chunks keep their order (positions only move, cells are never reordered)
-and the prompt's last token is always prefilled: the next token is sampled from its row.
+history is shifted into place. Chunks keep their order (positions only move, cells are never reordered),
+none moves up past more than MAX_INSERTED new tokens, and the prompt's last token is always prefilled:
+the next token is sampled from its row.
 
 A kept chunk is an approximation: its cells attended to the old text before it. docs/serving.md gives
 its measured cost (next-token KL against a full prefill, bench/cache_reuse.py)."""
@@ -17,6 +18,11 @@ from dataclasses import dataclass
 
 DEFAULT_MIN_TOKENS = 64  # --cache-reuse's default; docs/serving.md says how it was chosen
 MAX_CANDIDATES = 32
+# a chunk that would move up past more new tokens than this is prefilled instead: its cells never attended
+# them. Measured (bench/cache_reuse.py, default model): chunks past a changed header value (a few tokens)
+# cost a mean next-token KL of 0.002 nats against a full prefill; a reminder moved past a whole new exchange
+# (~200 tokens) cost 0.044 nats, and its worst position 0.41
+MAX_INSERTED = 32
 SEED_TOKENS = 8  # runs are found from an index of this many tokens (fewer where the minimum is lower)
 
 
@@ -69,7 +75,8 @@ def plan(held: Sequence[int], prompt: Sequence[int], keep: int, min_tokens: int)
     while hp + min_tokens <= end:
         best_at, best_n = -1, 0
         # a repetitive text seeds many runs: the first few after hc are enough to find a long one
-        for i in [i for i in index.get(tuple(prompt[hp : hp + seed]), ()) if i >= hc][:MAX_CANDIDATES]:
+        found = index.get(tuple(prompt[hp : hp + seed]), ())
+        for i in [i for i in found if i >= hc and hp - i <= MAX_INSERTED][:MAX_CANDIDATES]:
             n = seed
             while hp + n < end and i + n < len(held) and held[i + n] == prompt[hp + n]:
                 n += 1

@@ -5,7 +5,7 @@ builds continues the prompt almost as a full prefill does, while a wiped one doe
 import numpy as np
 import pytest
 
-from swarmtune.engine.chunk_reuse import Chunk, KeptChunk, plan, unfold
+from swarmtune.engine.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.profiles import profile
@@ -28,6 +28,12 @@ def test_a_removal_and_an_insertion_each_keep_the_rest_shifted():
     assert plan(OLD, removed, 50, 16) == [Chunk(80, 50, len(OLD) - 80 - 1)]
     inserted = OLD[:50] + [5] * 20 + OLD[50:]
     assert plan(OLD, inserted, 50, 16) == [Chunk(50, 70, len(OLD) - 50 - 1)]
+
+
+def test_a_chunk_is_not_moved_past_more_new_tokens_than_it_could_miss():
+    # a whole new exchange inserted before the rest: those cells never attended it, so they are prefilled
+    assert plan(OLD, OLD[:50] + [5] * (MAX_INSERTED + 1) + OLD[50:], 50, 16) == []
+    assert plan(OLD, OLD[:50] + [5] * MAX_INSERTED + OLD[50:], 50, 16) != []
 
 
 def test_a_moved_reminder_keeps_both_sides_in_order():
