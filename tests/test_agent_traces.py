@@ -47,10 +47,10 @@ def test_opencode_keeps_the_history_its_moved_reminder_left(server):
     turns = run(server, "opencode")
     for prev, t in zip(turns, turns[1:], strict=False):
         a = account(t)
-        # the reminder left the middle: the prefix before it is kept (on a copy: the old version stays whole),
-        # the reminder's own cells move to the end
-        assert a["copied_tokens"] + a["shifted_tokens"] > prev.prompt_tokens * 0.9
-        assert t.prefilled_tokens <= t.prompt_tokens - prev.prompt_tokens + 40
+        # the reminder left the middle: the prefix before it is kept (on a copy: the old version stays whole);
+        # at the end it follows a whole new exchange its old cells never saw, so it is prefilled again there
+        assert a["cached_tokens"] > prev.prompt_tokens * 0.8 and a["shifted_tokens"] == 0
+        assert t.prefilled_tokens <= t.prompt_tokens - prev.prompt_tokens + 120
 
 
 def test_aider_keeps_what_follows_its_edited_file(server):

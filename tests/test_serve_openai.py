@@ -369,11 +369,12 @@ def test_metrics_hold_the_request_histograms_and_the_kv_usage(server):
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     total = {f: sum(s.value for s in fams[f].samples if s.name == f + "_total")
              for f in ("swarmtune_prefix_cache_queries", "swarmtune_prefix_cache_hits",
-                       "swarmtune_prefix_cache_copied_tokens")}
+                       "swarmtune_prefix_cache_copied_tokens", "swarmtune_prefix_cache_shifted_tokens")}
     assert fams["swarmtune_prefix_cache_queries"].type == "counter"
+    assert fams["swarmtune_prefix_cache_shifted_tokens"].type == "counter"
     assert total["swarmtune_prefix_cache_queries"] > 0
-    assert total["swarmtune_prefix_cache_copied_tokens"] <= total["swarmtune_prefix_cache_hits"] \
-        <= total["swarmtune_prefix_cache_queries"]
+    assert total["swarmtune_prefix_cache_copied_tokens"] + total["swarmtune_prefix_cache_shifted_tokens"] \
+        <= total["swarmtune_prefix_cache_hits"] <= total["swarmtune_prefix_cache_queries"]
     causes = {s.labels["cause"] for s in fams["swarmtune_cache_misses"].samples if s.name.endswith("_total")}
     assert "new" in causes
     assert fams["swarmtune_request_joules"].type == "histogram"
