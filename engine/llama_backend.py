@@ -572,6 +572,9 @@ class LlamaBackend:
             raise NoKVSlot()
         if at != kept.pos:
             ll.llama_memory_seq_add(self.mem, seq, kept.pos, kept.pos + kept.tokens, at - kept.pos)
+            # applied now, not at the next decode: a state saved before it (the next chunk's paste, a KV
+            # switch's conversion) would carry the new positions with K still rotated for the old ones
+            self._apply_shift(seq, at + kept.tokens)
         return time.perf_counter() - t0
 
     def save_seq(self, seq: int) -> tuple[object, int, float]:

@@ -197,3 +197,36 @@ def test_a_burst_of_subagents_leaves_the_parents_cells_where_lru_would_not():
     assert rec.cached_tokens >= before.prompt_tokens and rec.miss_cause in ("", "reply")
     (r, rec), before = parent_after_subagents(lru=True)
     assert rec.cached_tokens < before.prompt_tokens / 2  # the parent was the least recently used: displaced
+
+
+@pytest.mark.model
+def test_two_chunks_back_to_back_are_each_where_the_prompt_has_them(llama_backend, fresh):
+    """A replaced value, then a removal between two kept runs: the second chunk is pasted right after the
+    first, with no decode between them (the first one's shift must be in its K before the state is saved)."""
+    b = llama_backend
+    words = [b.tokenize(f" step {i}: read module_{i}.py, then run its tests and note what failed.")
+             for i in range(40)]
+    old = b.tokenize("cch=0a1b2c;") + sum(words, [])
+    new = b.tokenize("cch=9z8y7x6w;") + sum(words[:20] + words[24:], []) + b.tokenize(" next")
+    keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
+    chunks = plan(old, new, keep, 16)
+    assert len(chunks) == 2 and chunks[1].prompt_at == chunks[0].prompt_at + chunks[0].tokens
+    b.open("f16", 1, 2048)
+    for i in range(0, len(old), b.max_chunk_tokens):
+        b.prefill(0, old[i : i + b.max_chunk_tokens], i)
+    kept = b.cut(0, keep, chunks)
+    if chunks[0].prompt_at > keep:
+        b.prefill(0, new[keep : chunks[0].prompt_at], keep)
+    for c, k in zip(chunks, kept, strict=True):
+        b.paste(0, k, c.prompt_at)
+    end = chunks[1].prompt_at + chunks[1].tokens
+    if end < len(new) - 1:
+        b.prefill(0, new[end:-1], end)
+    got = b.next_logits(0, new[-1], len(new) - 1)
+    fresh.open("f16", 1, 2048)
+    for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
+        fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
+    want = fresh.next_logits(0, new[-1], len(new) - 1)
+    kl = _kl(got, want)
+    print(f"two chunks ({chunks[0].tokens} + {chunks[1].tokens} tokens): KL {kl:.5f} nats against a full prefill")
+    assert kl < 0.05
