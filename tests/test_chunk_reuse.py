@@ -2,7 +2,6 @@
 keeps, that the engine puts them back where the prompt has them, and (on the real model) that the cache it
 builds continues the prompt almost as a full prefill does, while a wiped one does not."""
 
-import numpy as np
 import pytest
 
 from swarmtune.engine.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
@@ -13,6 +12,7 @@ from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.sim_backend import SimBackend
 from tests.conftest import SIM
+from tests.test_cache_integrity import _kl_nats
 from tests.test_served import ask, run
 
 OLD = list(range(1000, 1300))
@@ -157,14 +157,10 @@ def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fr
     want = fresh.next_logits(0, new[-1], len(new) - 1)
     fresh.open("f16", 1, 2048)
     wiped = fresh.next_logits(0, new[-1], 0)
-    kl, kl_wiped = _kl(got, want), _kl(wiped, want)
+    kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
     print(f"kept {c.tokens} of {len(new)} tokens: KL {kl:.5f} nats against a full prefill (wiped: {kl_wiped:.3f})")
     assert kl < 0.05 and kl_wiped > 1.0
 
-
-def _kl(got: np.ndarray, want: np.ndarray) -> float:
-    lw, lg = want - np.logaddexp.reduce(want), got - np.logaddexp.reduce(got)
-    return float(np.sum(np.exp(lw) * (lw - lg)))
 
 
 def test_a_chunk_whose_paste_costs_more_than_its_prefill_is_prefilled():
@@ -227,6 +223,6 @@ def test_two_chunks_back_to_back_are_each_where_the_prompt_has_them(llama_backen
     for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
         fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
     want = fresh.next_logits(0, new[-1], len(new) - 1)
-    kl = _kl(got, want)
+    kl = _kl_nats(got, want)
     print(f"two chunks ({chunks[0].tokens} + {chunks[1].tokens} tokens): KL {kl:.5f} nats against a full prefill")
     assert kl < 0.05
