@@ -4,6 +4,9 @@ its name over HTTP where that differs."""
 
 from dataclasses import dataclass, fields, replace
 
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.settings import whole_number
+
 # the HTTP API's names where they differ from the engine's (`kv_type` reads better beside `batch_cap` in a body)
 HTTP_NAMES = {"kv": "kv_type"}
 
@@ -47,3 +50,25 @@ class Control:
 
 
 _FIELDS = fields(Control)  # once: dataclasses.fields() builds its tuple on every call
+
+
+COMMAND_HELP = "kv TYPE (or K/V: q8_0/f16), cap N, agents N, residency keep|swap|drop or autotune on|off"
+
+
+def parse_command(text: str) -> Control:
+    """A typed command (the dashboards' `:` box) as a change; its values are checked where every control's
+    are (`Engine.request`, or a remote node's `/v1/control`), so that a bad one reads the same line."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
+        raise UserError(f"unknown command {text.strip()!r}: use {COMMAND_HELP}")
+    what, value = parts
+    if what == "kv":
+        return Control(kv=value)
+    if what == "residency":
+        return Control(residency=value)
+    if what == "autotune":
+        if value not in ("on", "off"):
+            raise UserError(f"autotune takes on or off (got {value!r})")
+        return Control(autotune=value == "on")
+    n = whole_number(what, value)
+    return Control(batch_cap=n) if what == "cap" else Control(agents=n)

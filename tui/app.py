@@ -13,10 +13,9 @@ from textual.css.query import NoMatches
 from textual.timer import Timer
 from textual.widgets import Footer, Input, ProgressBar
 
-from swarmtune.engine.control import Control
+from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.settings import whole_number
 from swarmtune.engine.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker
 from swarmtune.tui.messages import EngineFailed, EngineProgress, Seeked, StepsArrived
@@ -372,30 +371,12 @@ class SwarmApp(App):
     @on(Input.Submitted, "#command")
     def run_command(self, event: Input.Submitted) -> None:
         self._close_command()
-        parts = event.value.split()
-        if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
-            self.notify(f"unknown command {event.value!r}: use kv TYPE (or K/V: q8_0/f16), cap N, agents N, "
-                        "residency keep|swap|drop or autotune on|off", severity="error")
-            return
-        what, value = parts
-        if what == "kv":
-            self._control(Control(kv=value))  # the source checks it, as it checks a flag or an HTTP body
-            return
-        if what == "residency":
-            self._control(Control(residency=value))
-            return
-        if what == "autotune":
-            if value not in ("on", "off"):
-                self.notify(f"autotune takes on or off (got {value!r})", severity="error")
-                return
-            self._control(Control(autotune=value == "on"))
-            return
         try:
-            n = whole_number(what, value)
+            change = parse_command(event.value)
         except UserError as e:
             self.notify(str(e), severity="error")
             return
-        self._control(Control(batch_cap=n) if what == "cap" else Control(agents=n))
+        self._control(change)  # the source checks its values, as it checks a flag or an HTTP body
 
     def _close_command(self) -> None:
         box = self.query_one("#command", Input)
