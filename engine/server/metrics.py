@@ -34,6 +34,9 @@ class EngineCollector(Collector):
                                "q8_0/f16)", labels=["kv"])
         kv.add_metric([st.kv], 1.0)
         yield kv
+        # the settings in force, also before the first step (a fleet view reads them from a node that idles)
+        yield from gauge("swarmtune_batch_cap", "agents allowed per decode step", st.batch_cap)
+        yield from gauge("swarmtune_agents", "agents in the swarm", st.agents)
         steps = CounterMetricFamily("swarmtune_steps", "engine steps since start", labels=["source"])
         steps.add_metric([src], run.rolling.steps_total)
         yield steps
@@ -44,8 +47,6 @@ class EngineCollector(Collector):
         if r is None:
             return
         yield from gauge("swarmtune_batch_size", "agents in the last step", r.batch)
-        yield from gauge("swarmtune_batch_cap", "agents allowed per decode step", r.batch_cap)
-        yield from gauge("swarmtune_agents", "agents in the swarm", len(r.agents))
         yield from gauge("swarmtune_weight_bytes_per_step", "weight bytes the last step read (shared)",
                          r.weight_bytes)
         yield from gauge("swarmtune_kv_bytes_per_step", "KV bytes the last step read (private; windowed layers "
