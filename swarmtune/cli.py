@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from swarmtune.commands.dashboard import cmd_attach, cmd_replay, cmd_run
+from swarmtune.commands.fleet import cmd_fleet
 from swarmtune.commands.info import cmd_power, cmd_profiles
 from swarmtune.commands.quality import cmd_quality
 from swarmtune.commands.record import cmd_record
@@ -20,7 +21,7 @@ from swarmtune.parsing import EXIT_BAD_INPUT, build_parser
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "tune": cmd_tune, "record": cmd_record, "replay": cmd_replay, "sweep": cmd_sweep,
     "profiles": cmd_profiles, "power": cmd_power, "serve": cmd_serve, "attach": cmd_attach,
-    "quality": cmd_quality,
+    "quality": cmd_quality, "fleet": cmd_fleet,
 }
 
 

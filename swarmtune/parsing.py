@@ -211,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_flags(sv, dashboard=False)
     at = sub.add_parser("attach", help="the dashboard on a remote engine: swarmtune serve, llama-server or vLLM")
     add_attach_flags(at, required=True)
+    fl = sub.add_parser("fleet", help="every swarmtune node a Prometheus server scrapes, in one dashboard, with "
+                                      "controls to one node or to all")
+    fl.add_argument("url", help="the Prometheus server, e.g. http://127.0.0.1:9090")
+    fl.add_argument("--token", default=None, help="bearer token for every node's /v1/control (or SWARMTUNE_TOKEN)")
+    fl.add_argument("--node-token", dest="node_tokens", action="append", default=[], metavar="HOST:PORT=TOKEN",
+                    help="one node's token, by its instance as Prometheus scrapes it; repeatable")
+    fl.add_argument("--interval", type=_finite("--interval"), default=1.0,
+                    help="seconds between reads of Prometheus (default 1; at most your scrape interval)")
+    fl.add_argument("--json", action="store_true", help="print one snapshot of the fleet as JSON and exit")
     rp = sub.add_parser("replay", help="play a recording in the dashboard (pause, step, seek, speed)")
     rp.add_argument("file")
     rp.add_argument("--speed", type=_finite("--speed"), default=1.0, help="playback speed (2 = twice as fast)")
