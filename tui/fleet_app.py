@@ -32,7 +32,7 @@ def node_cells(n: NodeFigures, answer: NodeAnswer | None) -> tuple[str, ...]:
     if n.up:
         state = "[green]up[/]"
     else:
-        state = "[b red]DOWN[/]" + (f" {n.scraped_s_ago:.0f}s" if n.scraped_s_ago is not None else "")
+        state = "[b red]DOWN[/]" + (f" {n.down_s:.0f}s" if n.down_s is not None else "")
     tuner = "-" if n.tuner_on is None else ("on" if n.tuner_on else "off")
     reqs = "-" if n.running is None else f"{n.running}/{n.waiting or 0}"
     last = "" if answer is None else (f"[green]ok[/] {answer.line}" if answer.ok else f"[red]{answer.line}[/]")

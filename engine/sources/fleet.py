@@ -31,6 +31,7 @@ class NodeFigures:
     job: str
     up: bool
     scraped_s_ago: float | None  # since its last scrape, answered or not
+    down_s: float | None  # while down: since this view first saw it down
     kv: str | None  # last known, also while down
     batch_cap: int | None = None
     agents: int | None = None
@@ -95,6 +96,7 @@ class PrometheusFleet:
         self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
         # each node's setting as this view last saw it live: after a switch, the last hour holds two
         self.kv_seen: dict[str, str] = {}
+        self.down_since: dict[str, float] = {}  # wall clock of the first read that found each node down
 
     def query(self, expr: str) -> list[dict]:
         try:
@@ -117,7 +119,13 @@ class PrometheusFleet:
         taken = time.time()
         nodes = nodes_from(now, last_kv, scraped_at, taken)
         self.kv_seen.update({n.instance: n.kv for n in nodes if n.up and n.kv})
-        nodes = tuple(n if n.up else replace(n, kv=self.kv_seen.get(n.instance, n.kv)) for n in nodes)
+        for n in nodes:
+            if n.up:
+                self.down_since.pop(n.instance, None)
+            else:
+                self.down_since.setdefault(n.instance, taken)
+        nodes = tuple(n if n.up else replace(n, kv=self.kv_seen.get(n.instance, n.kv),
+                                             down_s=taken - self.down_since[n.instance]) for n in nodes)
         return FleetSnapshot(nodes, totals(nodes), taken)
 
     def close(self) -> None:
@@ -159,7 +167,8 @@ def nodes_from(now: list[dict], last_kv: list[dict], scraped_at: list[dict], at_
         whole = {k: round(v) for k, v in f.items()}.get
         tuner = f.get("tuner_on")
         out.append(NodeFigures(
-            instance=inst, job=job, up=alive, scraped_s_ago=ago.get(inst), kv=kv_now.get(inst) or kv_known.get(inst),
+            instance=inst, job=job, up=alive, scraped_s_ago=ago.get(inst), down_s=None,
+            kv=kv_now.get(inst) or kv_known.get(inst),
             batch_cap=whole("batch_cap"), agents=whole("agents"), mean_context_tokens=num("mean_context_tokens"),
             kv_usage=num("kv_cache_usage_ratio"), tokens_per_second=num("tokens_per_second"), watts=num("watts"),
             joules_per_token=num("joules_per_token"), tuner_on=None if tuner is None else tuner == 1.0,
