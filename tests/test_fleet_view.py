@@ -60,9 +60,13 @@ def test_the_fleet_reads_every_node_and_its_totals_from_prometheus(sim_fleet):
     assert {n["instance"] for n in json.loads(out.stdout)["nodes"]} == {at(a), at(b)}
 
 
-def test_the_fleet_command_refuses_a_prometheus_that_is_not_there():
+def test_the_fleet_command_refuses_a_prometheus_that_is_not_there(sim_fleet):
     out = run_cli("fleet", "http://127.0.0.1:9", "--json", timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "did not answer" in out.stderr, out.stderr
+    _, a, _ = sim_fleet
+    out = run_cli("fleet", a.url, "--json", timeout=60)  # a node, not its Prometheus
+    assert out.returncode == 2 and "is not a Prometheus query API (HTTP 404)" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1
 
 
 def row_text(table: DataTable, key: str) -> str:

@@ -107,9 +107,10 @@ class PrometheusFleet:
             body = r.json()
         except ValueError:
             raise UserError(f"{self.url} is not a Prometheus query API (HTTP {r.status_code})") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            err = body.get("error") if isinstance(body, dict) else None
-            raise UserError(f"Prometheus refused {expr!r}: {err or f'HTTP {r.status_code}'}")
+        if not isinstance(body, dict) or "status" not in body:
+            raise UserError(f"{self.url} is not a Prometheus query API (HTTP {r.status_code})")
+        if body["status"] != "success":
+            raise UserError(f"Prometheus refused {expr!r}: {body.get('error') or f'HTTP {r.status_code}'}")
         return body["data"]["result"]
 
     def read(self) -> FleetSnapshot:
