@@ -28,8 +28,9 @@ class Goal:
     dwell_s: float = 30.0  # how long a held setting's tail is read by `swarmtune tune`'s final print
     margin: float = 0.05  # a forecast gain past this and its error proposes an experiment (not an exploration)
     forecast_seeds: int = 2  # tool-latency draws per forecast, the same for every candidate (averaged)
-    # its thinking runs on the engine's thread: at most this share of the run's clock (engine/tune/cost.py)
-    think_share: float = 0.03
+    # its thinking runs on the engine's thread: at most this share of the run's clock (engine/tune/cost.py).
+    # A third of the 3% a tuner may lose against its start: the rest is left for the noise of the runs
+    think_share: float = 0.01
     # the sim's clock does not wait for a forecast: what one is charged there (modeled; 0, unless a test
     # makes thinking dear to see the tuner do less of it)
     sim_think_s: float = 0.0
