@@ -14,7 +14,7 @@ import pytest
 from rich.text import Text
 from textual.widgets import DataTable
 
-from swarmtune.engine.sources.fleet import PrometheusFleet
+from swarmtune.engine.sources.fleet import PrometheusFleet, nodes_from, totals
 from swarmtune.tui.fleet_app import ALL, FleetApp
 from tests.conftest import SIM, run_cli, until, wait_for
 from tests.remote_helpers import prometheus_server, served, start_server
@@ -67,6 +67,30 @@ def test_the_fleet_command_refuses_a_prometheus_that_is_not_there(sim_fleet):
     out = run_cli("fleet", a.url, "--json", timeout=60)  # a node, not its Prometheus
     assert out.returncode == 2 and "is not a Prometheus query API (HTTP 404)" in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1
+
+
+def series(name: str, instance: str, job: str, value: float, **labels: str) -> dict:
+    return {"metric": {"__name__": name, "instance": instance, "job": job, **labels}, "value": [100.0, str(value)]}
+
+
+def test_a_down_node_keeps_its_row_and_a_router_is_not_a_node():
+    """Prometheus's own shapes, as the three queries return them: a node whose scrape failed has `up 0` and
+    no other series (staleness), the router's job exports none of swarmtune's."""
+    now = [series("up", "a:1", "swarmtune", 0), series("up", "b:1", "swarmtune", 1), series("up", "r:1", "router", 1),
+           series("swarmtune_kv_setting", "b:1", "swarmtune", 1, kv="q8_0/f16"),
+           series("swarmtune_tokens_per_second", "b:1", "swarmtune", 12.5, source="measured"),
+           series("swarmtune_agents", "b:1", "swarmtune", 4), series("swarmtune_watts", "b:1", "swarmtune", 50),
+           series("swarmtune_prefix_cache_hits_total", "b:1", "swarmtune", 30),
+           series("swarmtune_prefix_cache_queries_total", "b:1", "swarmtune", 120)]
+    last_kv = [{"metric": {"instance": "a:1", "job": "swarmtune", "kv": "f16"}, "value": [100.0, "1"]}]
+    scraped = [{"metric": {"instance": i, "job": j}, "value": [99.0, "99.5"]}
+               for i, j in (("a:1", "swarmtune"), ("b:1", "swarmtune"), ("r:1", "router"))]
+    a, b = nodes_from(now, last_kv, scraped, 100.0)
+    assert (a.instance, a.up, a.kv, a.tokens_per_second, a.scraped_s_ago) == ("a:1", False, "f16", None, 0.5)
+    assert (b.up, b.kv, b.agents, b.hit_rate) == (True, "q8_0/f16", 4, 0.25)
+    t = totals((a, b))
+    assert (t.nodes, t.nodes_up, t.agents, t.tokens_per_second, t.hit_rate) == (2, 1, 4, 12.5, 0.25)
+    assert (t.watts, t.joules_per_token, t.powered) == (50, 4.0, 1)
 
 
 def row_text(table: DataTable, key: str) -> str:

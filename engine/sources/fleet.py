@@ -93,7 +93,10 @@ class PrometheusFleet:
         self.url = url.rstrip("/")
         if not self.url.startswith(("http://", "https://")):
             self.url = "http://" + self.url
-        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        try:
+            self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        except httpx.InvalidURL as e:
+            raise UserError(f"{url!r} is not a URL ({e})") from None
         # each node's setting as this view last saw it live: after a switch, the last hour holds two
         self.kv_seen: dict[str, str] = {}
         self.down_since: dict[str, float] = {}  # wall clock of the first read that found each node down
@@ -111,14 +114,21 @@ class PrometheusFleet:
             raise UserError(f"{self.url} is not a Prometheus query API (HTTP {r.status_code})")
         if body["status"] != "success":
             raise UserError(f"Prometheus refused {expr!r}: {body.get('error') or f'HTTP {r.status_code}'}")
-        return body["data"]["result"]
+        data = body.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or not all(isinstance(x, dict) for x in result):
+            raise UserError(f"{self.url} answered {expr!r} in a shape that is not Prometheus's instant vector")
+        return result
 
     def read(self) -> FleetSnapshot:
         now = self.query(NOW_QUERY)
         last_kv = self.query(LAST_KV_QUERY)
         scraped_at = self.query(SCRAPED_AT_QUERY)
         taken = time.time()
-        nodes = nodes_from(now, last_kv, scraped_at, taken)
+        try:
+            nodes = nodes_from(now, last_kv, scraped_at, taken)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            raise UserError(f"{self.url} answered with series that are not Prometheus's instant vector") from None
         self.kv_seen.update({n.instance: n.kv for n in nodes if n.up and n.kv})
         for n in nodes:
             if n.up:

@@ -24,7 +24,7 @@ def _answer(instance: str, control: Control, token: str | None, timeout_s: float
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.post(url.rstrip("/") + "/v1/control", json=control.to_http(), headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:  # an instance label that is not host:port is the latter
         return NodeAnswer(instance, False, f"did not answer ({type(e).__name__})")
     try:
         body = r.json()
