@@ -73,9 +73,11 @@ def test_kv_switch_and_budget_on_the_real_model(llama_backend):
 
 def test_copied_contexts_time_like_separate_ones(llama_backend):
     llama_backend.open("f16", 4, 1024)
-    copied = time_decode(llama_backend, 4, 768, steps=10, copy=True)
-    separate = time_decode(llama_backend, 4, 768, steps=10, copy=False)
-    assert copied.seconds_per_step == pytest.approx(separate.seconds_per_step, rel=0.25)
+    copied, separate = [], []
+    for _ in range(3):  # alternated, the fastest of each: one slow round on a shared host is not the answer
+        copied.append(time_decode(llama_backend, 4, 768, steps=10, copy=True).seconds_per_step)
+        separate.append(time_decode(llama_backend, 4, 768, steps=10, copy=False).seconds_per_step)
+    assert min(copied) == pytest.approx(min(separate), rel=0.25), (copied, separate)
 
 
 def test_record_on_the_default_model(tmp_path):
