@@ -356,8 +356,11 @@ def test_an_experiment_within_the_forecasts_error_on_a_flat_workload_is_never_ke
         if d["result"] == "kept":
             assert d["pairs"] >= MIN_PAIRS and d["corrected_low"] is not None
             assert math.log1p(d["corrected_low"]) > next(t["bar"] for t in trials if t["to"] == d["to"])
-    # exploring stays within its budget of the run
-    assert e.tuner._explored_s <= e.tuner.goal.explore_share * max(e.now_s(), e.tuner.goal.horizon_s) + 1e-6
+    # an exploration begins only where the least it takes (rejected at its first pair) fits the budget left
+    for t in trials:
+        if t["exploratory"]:
+            assert t["explored_s"] + t["explore_least_s"] <= t["explore_budget_s"] + 1e-6, t["why"]
+            assert "from the exploration budget" in t["why"]
 
 
 @pytest.mark.slow

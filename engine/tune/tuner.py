@@ -101,7 +101,9 @@ class Tuner:
         self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
         self._exp: Experiment | None = None
         self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
-        self._explored_s = 0.0  # engine seconds of exploratory experiments
+        # engine seconds explorations took from the setting they would replace: their candidate's blocks and
+        # their switches (the incumbent's blocks run what the swarm would have run anyway)
+        self._explored_s = 0.0
         # the last NOISE_WINDOW_S of steps and the setting each ran at: the noise an experiment starts with
         self._recent: deque[tuple[StepRecord, Setting]] = deque()
 
@@ -143,6 +145,8 @@ class Tuner:
         if self._exp is not None:
             self._exp.switch_s += seconds
             self._exp.switch_cells += cells
+            if self._exp.exploratory:
+                self._explored_s += seconds
             # the blocks grow with what a switch measured: its share of the experiment stays small (up to
             # MAX_BLOCK_EPOCHS epochs: a switch dearer than that makes the experiment give up, below)
             self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
@@ -556,26 +560,39 @@ class Tuner:
         # at most a third of what is left of a run of known length: the rest is to reap what it finds
         max_pairs = self.goal.max_pairs if left_s == math.inf else min(
             self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 3) / (2 * block_s))))
-        if exploratory:
-            # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
-            # the run (of the horizon where the run's length is unknown)
-            whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
-            if self._explored_s + 2 * MIN_PAIRS * 2 * block_s > self.goal.explore_share * whole:
-                return None
+        switch_s = self._switch_s(engine, cur, best)
         remaining = min(left_s, self.goal.horizon_s) - 2 * max_pairs * block_s
-        bar = TOLERANCE + self._switch_s(engine, cur, best) / max(remaining, block_s)
+        bar = TOLERANCE + switch_s / max(remaining, block_s)
         sim = self._simulator(engine)
-        self._exp = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
-                               max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
-                               exploratory=exploratory,
-                               model=None if sim is None else SimStepCost(sim))
-        noise = self._exp.measure_noise(self._steps_at(cur))
+        x = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
+                       max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
+                       exploratory=exploratory, model=None if sim is None else SimStepCost(sim))
+        noise = x.measure_noise(self._steps_at(cur))
+        explore: tuple[float, float, float] | None = None
+        if exploratory:
+            # an experiment the forecast cannot back: only while explorations have taken at most explore_share
+            # of the run (of the horizon where the run's length is unknown), counted as what they take from
+            # the incumbent: the candidate's blocks and the switches. One that the swarm shows worse is
+            # rejected at its first pair (one candidate block, a switch there and back); without the
+            # incumbent's noise to reject on, it runs its least pairs. A candidate not rejected early is not
+            # measurably worse, and the blocks it then runs are charged as they come.
+            whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
+            on = "decode" if best.kv != cur.kv and x.model is not None else "objective"  # as _judge_early
+            pairs = 1 if noise is not None and on in noise.sd else MIN_PAIRS
+            least = pairs * block_s + 2 * pairs * switch_s
+            explore = (self._explored_s, least, self.goal.explore_share * whole)
+            if self._explored_s + least > explore[2]:
+                return None
+        self._exp = x
         self.cost.experiments += 1
         what = _what(cur, best)
         why = (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s (modeled), "
-               + ("on a KV type never timed here: an experiment from the exploration budget" if untimed else
-                  f"within its error ±{error:.0%}: an experiment from the exploration budget"
-                  if exploratory else f"past its error ±{error:.0%} and the margin")
+               + ("on a KV type never timed here: an experiment" if untimed else
+                  f"within its error ±{error:.0%}: an experiment" if exploratory
+                  else f"past its error ±{error:.0%} and the margin")
+               + ("" if explore is None else
+                  f" from the exploration budget (explorations took {explore[0]:.1f} s of its {explore[2]:.1f} s; "
+                  f"this one at least {explore[1]:.1f} s)")
                + f"; tried against {cur.label()} in interleaved blocks of {block_s:.1f} s, kept only if "
                  f"{MIN_PAIRS}-{max_pairs} pairs measure it past {bar:+.1%} at {CONFIDENCE:.0%}"
                + ("" if noise is None else
@@ -586,7 +603,10 @@ class Tuner:
                      forecast_gain_source="modeled", forecast_error=round(error, 4),
                      forecast_error_source=self._error_source(len(self.spans_for(horizon)) - 1),
                      exploratory=exploratory, block_s=round(block_s, 3), max_pairs=max_pairs, bar=round(bar, 4),
-                     mean_context=round(mean_ctx, 1), why=why)
+                     mean_context=round(mean_ctx, 1), why=why,
+                     explored_s=None if explore is None else round(explore[0], 3),
+                     explore_least_s=None if explore is None else round(explore[1], 3),
+                     explore_budget_s=None if explore is None else round(explore[2], 3))
 
     def _timed(self, engine: Engine, kv: str) -> bool:
         """This machine's step times at a KV type are known: the sim's card states them; on a real backend a
@@ -622,12 +642,11 @@ class Tuner:
         live = self.setting(engine)
         if live not in (x.incumbent, x.candidate) and not self._switching:
             return self._end(engine, "abandoned", live)  # a person moved the setting under it
-        before = sum(b.tally.seconds for b in x.blocks)
+        before, before_b = sum(b.tally.seconds for b in x.blocks), x.seconds_on("B")
         nxt = x.add(rec, live)
-        spent = sum(b.tally.seconds for b in x.blocks) - before
-        self.cost.experiment_s += spent
+        self.cost.experiment_s += sum(b.tally.seconds for b in x.blocks) - before
         if x.exploratory:
-            self._explored_s += spent
+            self._explored_s += x.seconds_on("B") - before_b
         if nxt is None:
             if self.goal.run_s is not None and engine.now_s() >= self.goal.run_s - 1e-9:
                 return self._end(engine, "ended", live)
