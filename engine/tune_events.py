@@ -191,8 +191,8 @@ class Trial(TuneEvent):
     bar: float  # the measured gain it must clear to be kept (what going over costs over what is left)
     mean_context: float
     why: str
-    # an exploration: what explorations had taken before it (candidate blocks and switches, engine seconds),
-    # the least it takes (rejected at its first pair), and the run's budget for them
+    # an exploration: what explorations had taken before it (engine seconds of their blocks), the least it
+    # takes (its least pairs, and as long again to reap), and the run's budget for them
     explored_s: float | None = None
     explore_least_s: float | None = None
     explore_budget_s: float | None = None

@@ -356,7 +356,7 @@ def test_an_experiment_within_the_forecasts_error_on_a_flat_workload_is_never_ke
         if d["result"] == "kept":
             assert d["pairs"] >= MIN_PAIRS and d["corrected_low"] is not None
             assert math.log1p(d["corrected_low"]) > next(t["bar"] for t in trials if t["to"] == d["to"])
-    # an exploration begins only where the least it takes (rejected at its first pair) fits the budget left
+    # an exploration begins only where the least it takes fits the budget left
     for t in trials:
         if t["exploratory"]:
             assert t["explored_s"] + t["explore_least_s"] <= t["explore_budget_s"] + 1e-6, t["why"]

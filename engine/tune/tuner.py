@@ -101,9 +101,7 @@ class Tuner:
         self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
         self._exp: Experiment | None = None
         self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
-        # engine seconds explorations took from the setting they would replace: their candidate's blocks and
-        # their switches (the incumbent's blocks run what the swarm would have run anyway)
-        self._explored_s = 0.0
+        self._explored_s = 0.0  # engine seconds of exploratory experiments (both sides' blocks)
         # the last NOISE_WINDOW_S of steps and the setting each ran at: the noise an experiment starts with
         self._recent: deque[tuple[StepRecord, Setting]] = deque()
 
@@ -145,8 +143,6 @@ class Tuner:
         if self._exp is not None:
             self._exp.switch_s += seconds
             self._exp.switch_cells += cells
-            if self._exp.exploratory:
-                self._explored_s += seconds
             # the blocks grow with what a switch measured: its share of the experiment stays small (up to
             # MAX_BLOCK_EPOCHS epochs: a switch dearer than that makes the experiment give up, below)
             self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
@@ -560,30 +556,27 @@ class Tuner:
         # at most a third of what is left of a run of known length: the rest is to reap what it finds
         max_pairs = self.goal.max_pairs if left_s == math.inf else min(
             self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 3) / (2 * block_s))))
-        switch_s = self._switch_s(engine, cur, best)
-        remaining = min(left_s, self.goal.horizon_s) - 2 * max_pairs * block_s
-        bar = TOLERANCE + switch_s / max(remaining, block_s)
-        sim = self._simulator(engine)
-        x = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
-                       max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
-                       exploratory=exploratory, model=None if sim is None else SimStepCost(sim))
-        noise = x.measure_noise(self._steps_at(cur))
         explore: tuple[float, float, float] | None = None
         if exploratory:
-            # an experiment the forecast cannot back: only while explorations have taken at most explore_share
-            # of the run (of the horizon where the run's length is unknown), counted as what they take from
-            # the incumbent: the candidate's blocks and the switches. One that the swarm shows worse is
-            # rejected at its first pair (one candidate block, a switch there and back); without the
-            # incumbent's noise to reject on, it runs its least pairs. A candidate not rejected early is not
-            # measurably worse, and the blocks it then runs are charged as they come.
+            # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
+            # the run (of the horizon where the run's length is unknown), counting an experiment at its least
+            # pairs on both sides and as long again to reap. (Counting only what a candidate rejected at its
+            # first pair costs let a 64 s run try q8_0 on the default model: at 1 thread it kept it, 1.54x its
+            # start, and at 2 threads it gave up after 4 pairs and the run lost 6.5% against 3% counted:
+            # docs/tuner.md, 2026-12-04.)
             whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
-            on = "decode" if best.kv != cur.kv and x.model is not None else "objective"  # as _judge_early
-            pairs = 1 if noise is not None and on in noise.sd else MIN_PAIRS
-            least = pairs * block_s + 2 * pairs * switch_s
+            least = 2 * MIN_PAIRS * 2 * block_s
             explore = (self._explored_s, least, self.goal.explore_share * whole)
             if self._explored_s + least > explore[2]:
                 return None
-        self._exp = x
+        remaining = min(left_s, self.goal.horizon_s) - 2 * max_pairs * block_s
+        bar = TOLERANCE + self._switch_s(engine, cur, best) / max(remaining, block_s)
+        sim = self._simulator(engine)
+        self._exp = Experiment(incumbent=cur, candidate=best, goal=self.goal, n_agents=n, block_s=block_s,
+                               max_pairs=max_pairs, bar=bar, forecast_gain=gain, forecast_error=error,
+                               exploratory=exploratory,
+                               model=None if sim is None else SimStepCost(sim))
+        noise = self._exp.measure_noise(self._steps_at(cur))
         self.cost.experiments += 1
         what = _what(cur, best)
         why = (f"tune trial: {what}: forecast {gain:+.1%} {self.goal.objective} over {horizon:.0f} s (modeled), "
@@ -642,11 +635,12 @@ class Tuner:
         live = self.setting(engine)
         if live not in (x.incumbent, x.candidate) and not self._switching:
             return self._end(engine, "abandoned", live)  # a person moved the setting under it
-        before, before_b = sum(b.tally.seconds for b in x.blocks), x.seconds_on("B")
+        before = sum(b.tally.seconds for b in x.blocks)
         nxt = x.add(rec, live)
-        self.cost.experiment_s += sum(b.tally.seconds for b in x.blocks) - before
+        spent = sum(b.tally.seconds for b in x.blocks) - before
+        self.cost.experiment_s += spent
         if x.exploratory:
-            self._explored_s += x.seconds_on("B") - before_b
+            self._explored_s += spent
         if nxt is None:
             if self.goal.run_s is not None and engine.now_s() >= self.goal.run_s - 1e-9:
                 return self._end(engine, "ended", live)
