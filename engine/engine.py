@@ -6,7 +6,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
@@ -17,9 +16,10 @@ from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import Interrupted, Stalled, UserError
-from swarmtune.engine.kv_convert import Unconvertible
+from swarmtune.engine.kv_switch import Converted, convert_histories, restore_histories
 from swarmtune.engine.power.meter import Meter, NoMeter
-from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
+from swarmtune.engine.records import AgentView, StepRecord, mean_context
+from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
@@ -112,7 +112,10 @@ class Engine:
         self.should_yield: Callable[[], bool] = lambda: False
         self._step_t0 = 0.0
         self._decoding_ids: set[int] = set()
-        self._moves: list[Move] = []  # residency moves since the last record: swaps out and in, drops
+        # histories moved since the last record (swaps out and in, drops, conversions, pastes), and where a
+        # waiting agent's history lives
+        self.moves = MoveLog("modeled" if backend.source == "simulated" else "measured")
+        self.parking = Parking(backend, self.s, self.moves)
         self.refused_kv: set[str] = set()  # KV types this build could not make
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
@@ -405,51 +408,12 @@ class Engine:
         raise Stalled("no agent can run: the KV budget is too small for the swarm")
 
     def _preempt(self, a: Agent) -> None:
-        self.backend.drop(a.seq)
         if a.state is AgentState.TOOL:  # a waiting agent keeps waiting; its history is prefilled on return
-            self._move(a, "drop", self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0, "modeled")
-            a.evict()
+            self.parking.drop(a)
             return
+        self.backend.drop(a.seq)
         a.requeue()
         a.state = AgentState.PREEMPTED
-
-    # residency: where a waiting agent's history lives
-    def _move(self, a: Agent, op: str, nbytes: float, seconds: float, source: str, cells: int = 0) -> None:
-        self._moves.append(Move(a.id, op, int(nbytes), seconds, source, cells))
-
-    def _park(self, a: Agent) -> None:
-        """An agent just called a tool: keep its cells, swap them out to host memory, or drop them."""
-        if self.s.residency == "keep" or not a.context:
-            return
-        if self.s.residency == "swap":
-            handle, nbytes, seconds = self.backend.save_seq(a.seq)
-            self.backend.drop(a.seq)
-            a.swapped, a.residency = handle, Residency.HOST
-            self._move(a, "swap_out", nbytes, seconds, self._cost_source)
-            self._bound_swapped()
-            return
-        self.backend.drop(a.seq)
-        self._move(a, "drop", self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0, "modeled")
-        a.evict()
-
-    def _bound_swapped(self) -> None:
-        """Past the host-memory bound, the least recently served swapped histories go (dropped: prefilled
-        again when their agents return)."""
-        limit = self.s.swap_limit_bytes
-        if limit is None:
-            return
-        swapped = sorted((a for a in self.agents if a.residency is Residency.HOST),
-                         key=lambda a: (a.last_served_step, a.id))
-        total = sum(getattr(a.swapped, "nbytes", 0) for a in swapped)
-        while swapped and total > limit:
-            a = swapped.pop(0)
-            total -= getattr(a.swapped, "nbytes", 0)
-            self._move(a, "swap_evicted", getattr(a.swapped, "nbytes", 0), 0.0, self._cost_source)
-            a.evict()
-
-    @property
-    def _cost_source(self) -> str:
-        return "modeled" if self.backend.source == "simulated" else "measured"
 
     def _wake_tools(self) -> None:
         """Tool results that have arrived: the agent's history comes back (swapped in, or prefilled again
@@ -459,16 +423,7 @@ class Engine:
             if a.state is not AgentState.TOOL or a.tool_ready_at is None or a.tool_ready_at > now:
                 continue
             if a.residency is Residency.HOST:
-                room = self.budget_tokens(self.s.kv) - self.scheduler.used_tokens(self.agents)
-                try:
-                    if a.context > room:
-                        raise NoKVSlot()
-                    seconds = self.backend.restore_seq(a.seq, a.swapped)
-                    self._move(a, "swap_in", getattr(a.swapped, "nbytes", 0), seconds, self._cost_source)
-                    a.swapped, a.residency = None, Residency.CACHE
-                except NoKVSlot:  # no room to swap in: prefilled again when there is
-                    self._move(a, "swap_in_refused", 0, 0.0, self._cost_source)
-                    a.evict()
+                self.parking.swap_in(a, self.budget_tokens(self.s.kv) - self.scheduler.used_tokens(self.agents))
             a.pending = a.pending + a.tool_pending
             a.tool_pending, a.tool_ready_at = [], None
             a.residency = Residency.CACHE  # its prefill (history, if dropped, then the result) refills the cells
@@ -512,8 +467,8 @@ class Engine:
             seconds = self.backend.paste(a.seq, k.handle, k.at)
             a.kept.pop(0)
             a.history.extend(k.tokens)
-            self._move(a, "paste", int(self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)), seconds,
-                       self._cost_source, a.context)
+            self.moves.add(a, "paste", int(self.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)), seconds,
+                           a.context)
 
     def _sampled(self, a: Agent, tok: int, seconds: float) -> None:
         """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
@@ -526,7 +481,7 @@ class Engine:
         a.next_token = None
         source.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
         if a.state is AgentState.TOOL:
-            self._park(a)
+            self.parking.park(a, self.agents)
 
     def _reference_due(self, batch: list[Agent]) -> bool:
         return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
@@ -566,62 +521,15 @@ class Engine:
         rec.reference = bool(note)
         return rec
 
-    def _convert_states(self, old: str, kv: str) -> tuple[dict[int, object], dict[int, object], str]:
-        """Before the old cache closes: every cached history (and every swapped one) saved and converted to
-        kv. Returns (agent id -> converted state, agent id -> the state as saved, why not), both empty where
-        conversion does not apply; a failure midway converts nothing (the old cache is still open)."""
-        why = "off (--no-kv-convert)" if not self.s.kv_convert else self.backend.can_convert(old, kv)
-        if why is not None:
-            return {}, {}, why
-        saved: dict[int, object] = {}
-        out: dict[int, object] = {}
-        # on a real backend one history converts (ggml's routines, on their own threads and without the GIL)
-        # while the next is saved (llama.cpp copying its rows): measured on the default model, 8 x 1,050
-        # tokens f16 -> q8_0, each about 60 and 50 ms a sequence. The sim's conversion takes no wall time.
-        overlap = self.backend.source != "simulated"
-        t0 = time.perf_counter()
-        converting: list[tuple[Agent, int, Future[tuple[object, float]]]] = []
-        try:
-            with ThreadPoolExecutor(1) as pool:
-                for a in self.agents:
-                    if a.state is AgentState.PREEMPTED or not a.context:
-                        continue
-                    if a.residency is Residency.HOST:
-                        handle = a.swapped
-                        nbytes = getattr(a.swapped, "nbytes", 0)
-                    elif a.residency is Residency.CACHE and a.seq < self.backend.n_seqs:
-                        handle, nbytes, seconds = self.backend.save_seq(a.seq)
-                        saved[a.id] = handle
-                        self._move(a, "convert_save", nbytes, seconds, self._cost_source)
-                    else:
-                        continue
-                    if overlap:
-                        converting.append((a, nbytes, pool.submit(self.backend.convert_saved, handle, kv)))
-                    else:
-                        out[a.id], seconds = self.backend.convert_saved(handle, kv)
-                        self._move(a, "convert", nbytes, seconds, self._cost_source)
-                done = [(a, nbytes, *f.result()) for a, nbytes, f in converting]
-        except Unconvertible as e:
-            self._moves = [m for m in self._moves if not m.op.startswith("convert")]
-            return {}, {}, str(e)
-        if done:
-            # overlapped with the saves, the conversions' own seconds add up to more than they cost the swarm:
-            # each gets its share of the wall time the saves left, so that the moves add up to the switch
-            saves_s = sum(m.seconds for m in self._moves if m.op == "convert_save")
-            left_s = max(time.perf_counter() - t0 - saves_s, 0.0)
-            own_s = sum(seconds for *_, seconds in done) or 1.0
-            for a, nbytes, handle, seconds in done:
-                out[a.id] = handle
-                self._move(a, "convert", nbytes, seconds * left_s / own_s, self._cost_source)
-        return out, saved, ""
-
     def _rebuild(self, kv: str) -> StepRecord:
         old, asked = self.s.kv, kv
         for a in self.agents:
             a.fold_kept()  # cut from the old cache, in its type: prefilled instead
         t0 = time.perf_counter()
         refused = ""
-        converted, saved, why_not = self._convert_states(old, kv) if kv != old else ({}, {}, "")
+        conv = convert_histories(self.backend, self.agents, old, kv, self.s.kv_convert, self.moves) \
+            if kv != old else Converted()
+        converted = conv.states
         try:
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
         except UserError as e:  # this build cannot make that cache: keep running on the old one
@@ -629,34 +537,18 @@ class Engine:
             self.refused_kv.add(kv)  # the tuner does not ask for it again
             kv = old
             self.backend.open(kv, self.slots, self.s.ctx_per_agent)
-            converted = saved  # the states as saved go back into the old type's cache
-            self._moves = [m for m in self._moves if not m.op.startswith("convert")]
+            converted = conv.saved  # the states as saved go back into the old type's cache
+            self.moves.forget("convert")
         self.s.kv = kv
         self._applied(Control(kv=asked))  # done, or refused: either way no longer pending
         self.analysis.context_opened()
         budget = self.budget_tokens(kv)
-        restored: set[int] = set()
-        restore_s, converted_tokens = 0.0, 0
-        for a in sorted(self.agents, key=lambda x: x.id):
-            handle = converted.get(a.id)
-            if handle is None:
-                continue
-            if a.residency is Residency.HOST:
-                a.swapped = handle  # still swapped out, now in the new type
-                restored.add(a.id)
-                continue
-            if self.scheduler.used_tokens([x for x in self.agents if x.id in restored]) + a.context > budget:
-                continue  # the smaller budget cannot hold it: prefilled (or preempted) below
-            try:
-                restore_s += self.backend.restore_seq(a.seq, handle)
-            except (NoKVSlot, Unconvertible):
-                continue  # no room after all, or not the layout it was converted for: prefilled again below
-            restored.add(a.id)
-            converted_tokens += a.context
+        back = restore_histories(self.backend, self.agents, converted, budget, self.scheduler.used_tokens)
+        restored, restore_s, converted_tokens = back.ids, back.seconds, back.cached_tokens
         for a in self.agents:
             if a.state is AgentState.TOOL and a.residency is Residency.HOST and a.id not in restored and kv != old:
                 a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
-                self._move(a, "swap_discarded", 0, 0.0, self._cost_source)
+                self.moves.add(a, "swap_discarded", 0, 0.0)
         live = [a for a in self.agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE
                 and a.id not in restored]
         for a in self.agents:
@@ -693,7 +585,7 @@ class Engine:
                     self._sampled(a, self.backend.first_token_after_prefill(a.seq), 0.0)
         finally:
             self.backend.interrupt_with(None)
-        moves_s = sum(m.seconds for m in self._moves if m.op.startswith("convert"))
+        moves_s = self.moves.seconds("convert")
         if self.backend.source == "simulated":
             wall = seconds + restore_s  # the conversion's own seconds are in its moves
         else:
@@ -704,7 +596,7 @@ class Engine:
             how.append(f"converted {converted_tokens} cached tokens of {len(restored)} agents in place "
                        f"({moves_s + restore_s:.2f} s)")
         if done or not converted_tokens:
-            how.append(f"re-prefilled {done} tokens" + (f" (no conversion: {why_not})" if why_not else ""))
+            how.append(f"re-prefilled {done} tokens" + (f" (no conversion: {conv.why_not})" if conv.why_not else ""))
         rec = self._record("rebuild", [], wall, done, preempted,
                            note=f"{refused}{what}: " + "; ".join(how) + f" in {wall + moves_s:.2f} s")
         rec.converted_tokens = converted_tokens
@@ -729,7 +621,7 @@ class Engine:
         kv_bytes = read.kv_bytes if read is not None else 0.0
         weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
         mean_ctx = mean_context(contexts)
-        moved, self._moves = self._moves, []
+        moved = self.moves.take()
         moved_s = sum(m.seconds for m in moved)
         if self.backend.source == "simulated":
             self.clock_s += seconds + moved_s
