@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from swarmtune.engine.chunk_reuse import Chunk
+from swarmtune.engine.clock import Clock
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.sampling import SamplingParams
 
@@ -37,6 +38,9 @@ class Backend(Protocol):
         """(Re)create the cache: n_seqs independent sequences of ctx_per_seq cells each; all cached data is lost."""
 
     def close(self) -> None: ...
+
+    def new_clock(self) -> Clock:
+        """A clock for a run on this backend (engine/clock.py): the wall's, or a simulated card's."""
 
     def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> AbstractContextManager[None]:
         """While held, every call works on a second, temporary cache of KV type kv; the live cache (and

@@ -14,6 +14,7 @@ import swarmtune
 from swarmtune.engine.agent_source import AgentSource
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
+from swarmtune.engine.clock import Clock, SimClock
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import Interrupted, Stalled, UserError
 from swarmtune.engine.kv_switch import Converted, convert_histories, restore_histories
@@ -34,9 +35,6 @@ from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.tune_events import TuneEvent
 from swarmtune.engine.workload import Agent, AgentState, Residency, Workload
-
-IDLE_SLICE_S = 0.05  # a real engine with every agent waiting for a tool sleeps this long per idle step
-IDLE_WAIT_S = 0.5  # with every agent waiting for its client: at most this long, woken by a request
 
 
 class TunerHook(Protocol):
@@ -93,8 +91,7 @@ class Engine:
                             f"not even one agent fits (needs {min_need})")
         self._since_reference = 0
         self.step_index = 0
-        self.clock_s = 0.0  # simulated seconds since start (sim backend)
-        self._t0 = 0.0
+        self.clock: Clock = backend.new_clock()  # the wall's, or a simulated card's modeled seconds
         # what was requested and not yet applied, as one change (a later request's fields win); the settings in
         # force are self.s (and self.autotune): state() is the one with the other over it
         self._pending = Control()
@@ -147,7 +144,7 @@ class Engine:
         shadow.analysis.forecasting = True
         shadow.analysis.carry_references(self.analysis)
         shadow._since_reference = self._since_reference
-        shadow.clock_s = self.now_s()
+        shadow.clock = SimClock(self.now_s())
         shadow.started = True
         shadow.step_index = self.step_index
         for a in self.agents:
@@ -163,7 +160,7 @@ class Engine:
             if b.state is AgentState.TOOL and b.tool_ready_at is None:
                 # a served agent waits for its client: in the shadow its client comes back as the traffic
                 # does (engine/served.py's shape: the median wait, then what a returning turn adds)
-                b.tool_ready_at = shadow.clock_s + settings.tool_latency_s
+                b.tool_ready_at = shadow.now_s() + settings.tool_latency_s
                 b.tool_pending = sim.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens]
                 b.waits_for = "tool"
             shadow.workload.seed_sampler(b)
@@ -183,7 +180,7 @@ class Engine:
         self.analysis.context_opened()
         for i in range(self.s.agents):
             self._new_agent(i)
-        self._t0 = time.perf_counter()
+        self.clock.start()
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.run_id = uuid.uuid4().hex[:12]
         self.started = True
@@ -357,9 +354,7 @@ class Engine:
 
     def now_s(self) -> float:
         """The engine's clock: simulated seconds on the sim backend, wall seconds since start otherwise."""
-        if self.backend.source == "simulated":
-            return self.clock_s
-        return time.perf_counter() - self._t0 if self.started else 0.0
+        return self.clock.now_s()
 
     def check_caches(self) -> None:
         """Every live agent's cells are exactly its history (positions 0..len-1); every other sequence is
@@ -434,12 +429,8 @@ class Engine:
         engine waits a slice, less where work arrives (a request)."""
         ready = [a.tool_ready_at for a in self.agents if a.tool_ready_at is not None]
         note = "every agent waits for a tool" if ready else "every agent waits for its client"
-        if ready and self.backend.source == "simulated":
-            return self._record("idle", [], max(0.0, min(ready) - self.now_s()), 0, [], note=note)
-        wait = min(ready) - self.now_s() if ready else IDLE_WAIT_S
-        t0 = time.perf_counter()
-        self.workload.idle(max(0.0, min(wait, IDLE_SLICE_S if ready else IDLE_WAIT_S)))
-        return self._record("idle", [], time.perf_counter() - t0, 0, [], note=note)
+        seconds = self.clock.idle(min(ready) if ready else None, self.workload.idle)
+        return self._record("idle", [], seconds, 0, [], note=note)
 
     def _prefill_step(self, plan: Plan, preempted: list[int]) -> StepRecord:
         a = plan.agents[0]
@@ -479,7 +470,7 @@ class Engine:
             if source.on_token(a, tok, self.backend.piece(tok)):
                 return
         a.next_token = None
-        source.end_turn(a, self.now_s() + (seconds if self.backend.source == "simulated" else 0.0))
+        source.end_turn(a, self.clock.after(seconds))
         if a.state is AgentState.TOOL:
             self.parking.park(a, self.agents)
 
@@ -586,10 +577,8 @@ class Engine:
         finally:
             self.backend.interrupt_with(None)
         moves_s = self.moves.seconds("convert")
-        if self.backend.source == "simulated":
-            wall = seconds + restore_s  # the conversion's own seconds are in its moves
-        else:
-            wall = max(time.perf_counter() - t0 - moves_s, 0.0)
+        # the conversion's own seconds are in its moves
+        wall = self.clock.step_seconds(max(time.perf_counter() - t0 - moves_s, 0.0), seconds + restore_s)
         what = f"kv {old} -> {kv}" if kv != old or refused else f"room for {self.slots} agents"
         how = []
         if converted_tokens:
@@ -623,11 +612,7 @@ class Engine:
         mean_ctx = mean_context(contexts)
         moved = self.moves.take()
         moved_s = sum(m.seconds for m in moved)
-        if self.backend.source == "simulated":
-            self.clock_s += seconds + moved_s
-            t = self.clock_s
-        else:
-            t = time.perf_counter() - self._t0
+        t = self.clock.step_ended(seconds + moved_s)
         rec = StepRecord(
             step=self.step_index, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
             batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=[] if lean else self._views(kind, batch),

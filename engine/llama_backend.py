@@ -20,6 +20,7 @@ import numpy as np
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.chunk_reuse import Chunk
+from swarmtune.engine.clock import Clock, WallClock
 from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.kv_splice import Cells
 from swarmtune.engine.kv_types import kv_pair
@@ -255,6 +256,9 @@ class LlamaBackend:
         self._ctx_stack.close()
         self._ctx_stack = ExitStack()
         self.ctx = None
+
+    def new_clock(self) -> Clock:
+        return WallClock()
 
     def close(self) -> None:
         self._close_ctx()

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.chunk_reuse import Chunk
+from swarmtune.engine.clock import Clock, SimClock, WallClock
 from swarmtune.engine.kv_types import KV_TYPES, kv_pair
 from swarmtune.engine.model_facts import ModelFacts
 from swarmtune.engine.profiles import Profile
@@ -101,6 +102,11 @@ class SimBackend:
         # what llama.cpp would allocate: full-attention cells, each stream's window, recurrent state
         self.kv_buffer_bytes = sum(self.profile.bytes_model.llama_cpp_cache_bytes(
             kv, n_seqs, ctx_per_seq, self.max_chunk_tokens).values())
+
+    def new_clock(self) -> Clock:
+        """A run's clock: this card's modeled seconds (a test's stand-in that calls its steps measured gets
+        the wall's)."""
+        return SimClock() if self.source == "simulated" else WallClock()
 
     def close(self) -> None:
         self._len = {}
