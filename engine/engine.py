@@ -19,7 +19,8 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.errors import Interrupted, Stalled, UserError
 from swarmtune.engine.kv_switch import Converted, convert_histories, restore_histories
 from swarmtune.engine.power.meter import Meter, NoMeter
-from swarmtune.engine.records import AgentView, StepRecord, mean_context
+from swarmtune.engine.recorder import Recorder
+from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import (
@@ -104,11 +105,11 @@ class Engine:
         self.run_id = ""
         self.meter = meter or NoMeter("n/a: no power source chosen")
         self.analysis = StepAnalysis(self.facts, backend.source, self.meter.watts_at)
+        self.recorder = Recorder(backend, self.s, self.analysis)
         self.should_stop: Callable[[], bool] = lambda: False  # checked between the chunks of a long rebuild
         # a pause is wanted: the tuner's look (seconds of forecasting on a big simulated swarm) gives way
         self.should_yield: Callable[[], bool] = lambda: False
         self._step_t0 = 0.0
-        self._decoding_ids: set[int] = set()
         # histories moved since the last record (swaps out and in, drops, conversions, pastes), and where a
         # waiting agent's history lives
         self.moves = MoveLog("modeled" if backend.source == "simulated" else "measured")
@@ -345,8 +346,9 @@ class Engine:
 
     def tune_record(self, tune: TuneEvent) -> StepRecord:
         """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
+        views = self.recorder.views("tune", [], self.agents)
         rec = StepRecord(step=self.step_index, t=round(self.now_s(), 6), kind="tune", batch=0, batch_ids=[],
-                         batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=self._views("tune", []),
+                         batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=views,
                          weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source,
                          note=tune.why_text, tune=tune)
         self.step_index += 1
@@ -594,66 +596,12 @@ class Engine:
     # the record
     def _record(self, kind: str, batch: list[Agent], seconds: float, tokens: int, preempted: list[int],
                 note: str = "") -> StepRecord:
-        bm = self.facts.bytes_model
-        kv = self.s.kv
-        b = len(batch)
-        # after the step: the cache the step read, its own tokens included (a windowed layer reads at most its
-        # window); an untied embedding is read once per token the step carries (one per agent in a decode,
-        # the chunk in a prefill); MoE: the experts the step's tokens routed to, measured where the backend
-        # counted them, else uniform routing (modeled)
-        contexts = [a.context for a in batch]
-        # a tuner's forecast reads only a step's time, tokens and energy: no bytes, no agents' views
-        lean = self.analysis.forecasting
-        measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
-        distinct = sum(measured) / len(measured) if measured else None
-        read = None if lean else bm.step_read(kv, contexts, tokens, distinct)
-        kv_bytes = read.kv_bytes if read is not None else 0.0
-        weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
-        mean_ctx = mean_context(contexts)
         moved = self.moves.take()
-        moved_s = sum(m.seconds for m in moved)
-        t = self.clock.step_ended(seconds + moved_s)
-        rec = StepRecord(
-            step=self.step_index, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
-            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=[] if lean else self._views(kind, batch),
-            weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
-            source=self.backend.source, mean_context=mean_ctx, preempted=preempted, note=note,
-            tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
-            moved=moved, residency_seconds=moved_s,
-        )
-        if batch and bm.state_bytes:
-            rec.state_bytes = b * bm.state_bytes
-        if batch and bm.is_moe:
-            rec.distinct_experts = distinct if distinct is not None else bm.expected_distinct_experts(tokens)
-            rec.distinct_experts_source = "measured" if distinct is not None else "modeled"
-        power = self.meter.step(self._step_t0, time.perf_counter(), b, seconds) if kind != "rebuild" else None
-        if power is not None:
-            rec.watts, rec.joules, rec.power_source = power.watts, power.joules, power.source
-            if tokens:
-                rec.joules_per_token = power.joules / tokens
-                rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
-        self.analysis.annotate(rec, contexts, read, power)
+        t = self.clock.step_ended(seconds + sum(m.seconds for m in moved))
+        rec = self.recorder.record(self.step_index, t, kind, batch, seconds, tokens, preempted, note, moved,
+                                   self.agents, self.meter, self._step_t0)
         self.step_index += 1
         return rec
-
-    def _views(self, kind: str, batch: list[Agent]) -> list[AgentView]:
-        # a prefill step interrupts decoding without ending it: agents keep the state of the last decode batch
-        if kind == "decode":
-            self._decoding_ids = {a.id for a in batch}
-        prefilled = {a.id for a in batch} if kind == "prefill" else set()
-        out = []
-        for a in self.agents:
-            if a.id in prefilled:
-                state = AgentState.PREFILL.value
-            elif a.state is AgentState.DECODE:
-                state = "decoding" if a.id in self._decoding_ids else "waiting"
-            else:
-                state = a.state.value
-            if a.state is AgentState.TOOL:
-                state = a.waits_for  # a tool call, or a client that has not sent its next request
-            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
-                                 a.label, a.reused_tokens, a.miss))
-        return out
 
     def close(self) -> None:
         self.meter.close()

@@ -1,0 +1,81 @@
+"""A step's record: what it read (the bytes model's weights and cache), what each agent was doing, what
+moved, what it cost in energy, and what the analysis makes of it (engine/analysis.py)."""
+
+import time
+
+from swarmtune.engine.analysis import StepAnalysis
+from swarmtune.engine.backend import Backend
+from swarmtune.engine.power.meter import Meter
+from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.workload import Agent, AgentState
+
+
+class Recorder:
+    def __init__(self, backend: Backend, settings: EngineSettings, analysis: StepAnalysis) -> None:
+        self.backend = backend
+        self.s = settings  # the engine's own: the KV type and batch cap in force
+        self.analysis = analysis
+        self._decoding_ids: set[int] = set()  # the last decode batch: who is decoding, not waiting
+
+    def record(self, step: int, t: float, kind: str, batch: list[Agent], seconds: float, tokens: int,
+               preempted: list[int], note: str, moved: list[Move], agents: list[Agent], meter: Meter,
+               step_t0: float) -> StepRecord:
+        """The record of a step that ended at t (the engine's clock) after these seconds, with the moves made
+        since the last record; its energy from the meter over the wall time since step_t0."""
+        bm = self.backend.facts.bytes_model
+        kv = self.s.kv
+        b = len(batch)
+        # after the step: the cache the step read, its own tokens included (a windowed layer reads at most its
+        # window); an untied embedding is read once per token the step carries (one per agent in a decode,
+        # the chunk in a prefill); MoE: the experts the step's tokens routed to, measured where the backend
+        # counted them, else uniform routing (modeled)
+        contexts = [a.context for a in batch]
+        # a tuner's forecast reads only a step's time, tokens and energy: no bytes, no agents' views
+        lean = self.analysis.forecasting
+        measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
+        distinct = sum(measured) / len(measured) if measured else None
+        read = None if lean else bm.step_read(kv, contexts, tokens, distinct)
+        kv_bytes = read.kv_bytes if read is not None else 0.0
+        weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
+        rec = StepRecord(
+            step=step, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
+            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=[] if lean else self.views(kind, batch, agents),
+            weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
+            source=self.backend.source, mean_context=mean_context(contexts), preempted=preempted, note=note,
+            tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
+            moved=moved, residency_seconds=sum(m.seconds for m in moved),
+        )
+        if batch and bm.state_bytes:
+            rec.state_bytes = b * bm.state_bytes
+        if batch and bm.is_moe:
+            rec.distinct_experts = distinct if distinct is not None else bm.expected_distinct_experts(tokens)
+            rec.distinct_experts_source = "measured" if distinct is not None else "modeled"
+        power = meter.step(step_t0, time.perf_counter(), b, seconds) if kind != "rebuild" else None
+        if power is not None:
+            rec.watts, rec.joules, rec.power_source = power.watts, power.joules, power.source
+            if tokens:
+                rec.joules_per_token = power.joules / tokens
+                rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
+        self.analysis.annotate(rec, contexts, read, power)
+        return rec
+
+    def views(self, kind: str, batch: list[Agent], agents: list[Agent]) -> list[AgentView]:
+        """What each agent is doing after a step of this kind over this batch."""
+        # a prefill step interrupts decoding without ending it: agents keep the state of the last decode batch
+        if kind == "decode":
+            self._decoding_ids = {a.id for a in batch}
+        prefilled = {a.id for a in batch} if kind == "prefill" else set()
+        out = []
+        for a in agents:
+            if a.id in prefilled:
+                state = AgentState.PREFILL.value
+            elif a.state is AgentState.DECODE:
+                state = "decoding" if a.id in self._decoding_ids else "waiting"
+            else:
+                state = a.state.value
+            if a.state is AgentState.TOOL:
+                state = a.waits_for  # a tool call, or a client that has not sent its next request
+            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
+                                 a.label, a.reused_tokens, a.miss))
+        return out
