@@ -14,7 +14,7 @@ import swarmtune
 from swarmtune.engine.agent_source import AgentSource
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, CacheMismatch, NoKVSlot
-from swarmtune.engine.clock import Clock, SimClock
+from swarmtune.engine.clock import Clock
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import Interrupted, Stalled, UserError
 from swarmtune.engine.kv_switch import Converted, convert_histories, restore_histories
@@ -31,7 +31,6 @@ from swarmtune.engine.settings import (
     check_residency,
     min_context,
 )
-from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.tune_events import TuneEvent
@@ -64,6 +63,19 @@ class EngineState:
     agents: int
     residency: str = "keep"
     autotune: bool | None = None  # None: this engine has no tuner
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """An engine's state as a shadow needs it to run on from here (Engine.snapshot)."""
+    slots: int
+    kv: str
+    ctx_per_agent: int
+    now_s: float
+    step_index: int
+    since_reference: int  # decode steps since the last batch-1 reference step
+    agents: tuple[Agent, ...]
+    analysis: StepAnalysis
 
 
 class Engine:
@@ -133,40 +145,22 @@ class Engine:
         return self.facts.bytes_model.budget_tokens(self.s.kv_budget_bytes, kv, self.slots, self.s.ctx_per_agent,
                                                     swa_slack_tokens=self.s.chunk_tokens)
 
-    def fork(self, sim: SimBackend, settings: EngineSettings, meter: Meter | None = None) -> "Engine":
-        """A shadow of this engine on a simulator, from its present state: every agent as it stands (its
-        history, turn, tool wait, residency), the clock, the step count, the batch-1 reference's schedule.
-        Its cache holds what this one holds, so it runs on from here as this swarm would. The shadow's
-        samplers draw their own tokens: what it forecasts is time, not text."""
-        shadow = Engine(sim, settings, meter=meter)
-        shadow.slots = self.slots
-        sim.open(self.s.kv, self.slots, self.s.ctx_per_agent)
-        shadow.analysis.context_opened()
-        shadow.analysis.forecasting = True
-        shadow.analysis.carry_references(self.analysis)
-        shadow._since_reference = self._since_reference
-        shadow.clock = SimClock(self.now_s())
-        shadow.started = True
-        shadow.step_index = self.step_index
-        for a in self.agents:
-            b = replace(a, history=list(a.history), pending=list(a.pending), tool_pending=list(a.tool_pending),
-                        messages=list(a.messages), swapped=None, kept=list(a.kept))
-            b.fold_kept()  # the shadow prefills them: its cost model has no paste
-            if a.residency is Residency.HOST:
-                b.swapped = sim.saved_stand_in(self.s.kv, a.context)
-            elif a.state is not AgentState.PREEMPTED and a.context:
-                sim.adopt_cached(a.seq, a.context)
-            if b.next_token is not None:
-                b.next_token = sim.tokenize(" x")[0]
-            if b.state is AgentState.TOOL and b.tool_ready_at is None:
-                # a served agent waits for its client: in the shadow its client comes back as the traffic
-                # does (engine/served.py's shape: the median wait, then what a returning turn adds)
-                b.tool_ready_at = shadow.now_s() + settings.tool_latency_s
-                b.tool_pending = sim.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens]
-                b.waits_for = "tool"
-            shadow.workload.seed_sampler(b)
-            shadow.agents.append(b)
-        return shadow
+    def snapshot(self) -> EngineSnapshot:
+        """What a shadow of this engine starts from (engine/tune/shadow.py): the agents are the live ones,
+        for the shadow to copy, not to change."""
+        return EngineSnapshot(slots=self.slots, kv=self.s.kv, ctx_per_agent=self.s.ctx_per_agent,
+                              now_s=self.now_s(), step_index=self.step_index,
+                              since_reference=self._since_reference, agents=tuple(self.agents),
+                              analysis=self.analysis)
+
+    def resume_from(self, snap: EngineSnapshot, clock: Clock) -> None:
+        """In place of start(): this engine goes on from another's snapshot, on this clock (its agents are
+        the caller's to add, its cache the caller's to fill)."""
+        self.slots = snap.slots
+        self._since_reference = snap.since_reference
+        self.clock = clock
+        self.started = True
+        self.step_index = snap.step_index
 
     @property
     def calibration(self) -> Calibration:

@@ -111,7 +111,7 @@ class SimBackend:
     def close(self) -> None:
         self._len = {}
 
-    # a shadow of a running swarm (Engine.fork): its caches as they stand, without prefilling them
+    # a shadow of a running swarm (engine/tune/shadow.py): its caches as they stand, without prefilling them
     def adopt_cached(self, seq: int, tokens: int) -> None:
         """Sequence `seq` holds `tokens` cells, as the swarm's own cache does."""
         self._len[seq] = tokens

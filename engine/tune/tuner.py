@@ -39,6 +39,7 @@ from swarmtune.engine.sim_backend import SimBackend, StepScale
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
+from swarmtune.engine.tune.shadow import shadow_of
 from swarmtune.engine.tune.simulator import CalibratedSim, SimStepCost
 from swarmtune.engine.tune.tally import SpanTally, Tally
 from swarmtune.engine.tune_events import Decision, Experimented, Probed, Spent, Trial, TuneEvent
@@ -457,7 +458,7 @@ class Tuner:
         s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
                     check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
-        shadow = engine.fork(sim, s, meter=self._meter(engine))
+        shadow = shadow_of(engine, sim, s, meter=self._meter(engine))
         if setting.kv != engine.s.kv:
             try:
                 shadow.request(Control(kv=setting.kv))
