@@ -196,7 +196,7 @@ def test_a_first_look_on_a_young_fit_is_taken_again_once_the_fit_has_its_steps(m
     """On a real backend the first look comes on a fit of a few steps; one that changed nothing is taken again
     once the run's own fit has MIN_OWN_FIT_SAMPLES steps, not an epoch later (an epoch is a sixth of the
     bench's run, and a KV switch is cheapest while the caches are short)."""
-    from swarmtune.engine.tune.tuner import MIN_OWN_FIT_SAMPLES
+    from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES
 
     looks: list[tuple[float, int, int]] = []  # (when, the fit's steps then, the events it gave)
     real_look = Tuner._look

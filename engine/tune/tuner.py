@@ -24,42 +24,31 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from swarmtune.engine.backend import NoKVSlot
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this package
 from swarmtune.engine.errors import Stalled, UserError
-from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
 from swarmtune.engine.kv_quality import REFERENCE as QUALITY_REFERENCE
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
-from swarmtune.engine.prefill_model import PrefillCalibration
-from swarmtune.engine.profiles import Profile
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, min_context
 from swarmtune.engine.sim_backend import SimBackend, StepScale
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
+from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES, Measured
 from swarmtune.engine.tune.shadow import shadow_of
-from swarmtune.engine.tune.simulator import CalibratedSim, SimStepCost
+from swarmtune.engine.tune.simulator import SimStepCost
 from swarmtune.engine.tune.tally import SpanTally, Tally
-from swarmtune.engine.tune_events import Decision, Experimented, Probed, Spent, Trial, TuneEvent
+from swarmtune.engine.tune_events import Decision, Experimented, Spent, Trial, TuneEvent
 
 FORECAST_SEED_SALT = 7919  # the forecast's tool latencies come from another stream than the run's
 YIELD_EVERY_STEPS = 64  # how often a forecast looks whether a pause wants the engine thread
-# a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
-# does: a fit of a few steps at one batch size says little about the others
-MIN_OWN_FIT_SAMPLES = 32
 # contexts "moved 50%" from a setting tried with (nearly) empty caches means moved 50% of this many tokens
 REVISIT_MIN_CONTEXT = 256.0
 # a candidate an experiment did not keep (or a setting an experiment replaced) is proposed again only once
 # the mean context moved this much since, or the budget or the turns' shape changed
 RETRY_CONTEXT_CHANGE = 0.5
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
-# a switch's seconds, before one was measured: cached bytes over this rate, twice (save and convert, restore).
-# Measured on a 2-core Xeon: 8 x 1,050 tokens of the default model (0.19 GB at f16) switched in 0.61 s
-CONVERT_BYTES_PER_S = 0.6e9
-# and a new llama.cpp context of the other type, before one was measured (0.2-0.3 s on the 2-core CPUs here)
-SWITCH_FIXED_S = 0.25
 # a block lasts at least this many times what the switch into it is expected to cost: the switches' share of
 # an experiment stays near an eighth (they fall on both sides alike, and are counted as the tuner's cost)
 BLOCK_PER_SWITCH = 4.0
@@ -79,12 +68,8 @@ class Tuner:
     def __init__(self, goal: Goal) -> None:
         self.goal = goal
         # what it learned of this machine, kept across a restart
-        self._prefill: dict[str, PrefillCalibration] = {}  # per KV type: measured prefill chunks
-        self._swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
+        self.measured = Measured()
         self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
-        self._probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
-        self._convert: list[tuple[int, float]] = []  # (bytes, seconds) of measured KV conversions
-        self._switches: list[tuple[float, float]] = []  # (cached tokens, seconds) of the tuner's KV switches
         # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
         self._tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
         # per KV type, what an experiment measured of its steps against the model: later forecasts run on it
@@ -112,7 +97,7 @@ class Tuner:
         now = engine.now_s()
         if self._epoch_start_s is None:
             self._epoch_start_s = now
-        self._learn(rec)
+        self.measured.learn(rec)
         self._account(rec)
         self._remember(rec, self.setting(engine))
         if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
@@ -148,7 +133,7 @@ class Tuner:
             # MAX_BLOCK_EPOCHS epochs: a switch dearer than that makes the experiment give up, below)
             self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
         if cells:
-            self._switches = (self._switches + [(float(cells), seconds)])[-16:]
+            self.measured.switched(float(cells), seconds)
 
     def _quality_guard(self, engine: Engine) -> list[TuneEvent]:
         """Under a quality budget, the live KV setting measured past it (its KL grows with the contexts) is
@@ -342,77 +327,6 @@ class Tuner:
         st = engine.state()
         return Setting(st.batch_cap, st.kv, st.residency)
 
-    def _learn(self, rec: StepRecord) -> None:
-        if rec.source != "measured":
-            return
-        if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens and rec.batch_ids:
-            after = next((a.context for a in rec.agents if a.id == rec.batch_ids[0]), None)
-            if after is not None:
-                self._prefill.setdefault(rec.kv_type, PrefillCalibration()).add(rec.tokens, after - rec.tokens,
-                                                                                 rec.seconds)
-        for m in rec.moved:
-            if m.op in ("swap_out", "swap_in") and m.seconds > 0:
-                self._swap = (self._swap + [(m.bytes, m.seconds)])[-64:]
-            if m.op == "convert" and m.seconds > 0:
-                self._convert = (self._convert + [(m.bytes, m.seconds)])[-64:]
-
-    def _probe_missing(self, engine: Engine, cur: Setting) -> list[TuneEvent]:
-        """Times each allowed KV type that has not run against the run's own, once per run, at the widest
-        batch a candidate can have: a forecast of switching to it needs its step time on this machine."""
-        out: list[TuneEvent] = []
-        kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv} - set(self._probes)
-        ctx = [a.context for a in engine.agents]
-        for k in sorted(kvs):
-            if (own := engine.analysis.fit(k)) is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
-                continue
-            long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
-            try:
-                t0 = time.perf_counter()
-                try:
-                    p = probe_kv(engine.backend, cur.kv, k, len(engine.agents), long)
-                finally:
-                    self.cost.probe_s += time.perf_counter() - t0
-            except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
-                self._probes[k] = None
-                if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
-                    engine.refused_kv.add(k)
-                out.append(Probed(kv=k, base_kv=cur.kv, error=str(e),
-                                  why=f"tune: KV {k} could not be timed in a side cache ({e}); "
-                                      + ("it is no candidate" if isinstance(e, UserError) else
-                                         f"its forecasts borrow KV {cur.kv}'s step time, unscaled")))
-                continue
-            self._probes[k] = p
-            bm = engine.facts.bytes_model
-            # what the side caches timed joins each type's fit as steps of the run do, fading as they do: at
-            # the start they are all there is; they are not counted in the run's prequential error
-            for kv, points in p.decode.items():
-                cal = engine.analysis.calibration(kv)
-                for batch, context, seconds in points:
-                    longest = bm.kv_equivalent_tokens(kv, context)
-                    cal.add(batch, batch * longest, seconds, longest=longest, checked=False)
-                cal.refit()
-            for kv, chunks in p.prefill.items():
-                for tokens, pos0, seconds in chunks:
-                    self._prefill.setdefault(kv, PrefillCalibration()).add(tokens, pos0, seconds, pinned=True)
-            fixed, per_token = p.ratios
-            what = (f"attention {per_token:.2f}x per token, the rest {fixed:.2f}x" if p.split else
-                    f"the whole step {fixed:.2f}x (attention too small here to time apart)")
-            figures = {k: v for k, v in p.record().items() if k not in ("kv", "base_kv")}
-            out.append(Probed(kv=p.kv, base_kv=p.base_kv, figures=figures,
-                              why=f"tune: timed KV {k} against {cur.kv} in a side cache ({p.wall_s:.1f} s, batch "
-                                  f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
-        return out
-
-    def step_time_source(self, engine: Engine, kv: str) -> str:
-        """Where a forecast's step times at this KV type come from."""
-        own = engine.analysis.fit(kv)
-        p = self._probes.get(kv)
-        if own is not None and (own.samples >= MIN_OWN_FIT_SAMPLES or p is None):
-            return f"fitted on this run's {own.samples} steps at {kv}"
-        if p is not None and engine.analysis.fit(p.base_kv) is not None:
-            return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (modeled from measured ratios)"
-        return "borrowed from another KV type's fit, unscaled (never timed at this type)"
-
     # the candidates: one lever at a time, a step away
     def candidates(self, engine: Engine, cur: Setting) -> list[Setting]:
         n = len(engine.agents)
@@ -481,31 +395,14 @@ class Tuner:
         return tally.finish()
 
     def _simulator(self, engine: Engine) -> SimBackend | None:
-        """The swarm's simulator: the card as stated on the sim, else this run calibrated."""
-        b = engine.backend
-        if isinstance(b, SimBackend):  # the card as its profile states it (the card itself, unless mis-stated)
-            return SimBackend(b.stated)
-        own = {kv: fit for kv in engine.analysis.measured_kv() if (fit := engine.analysis.fit(kv)) is not None}
-        prefills = {kv: c.fit for kv, c in self._prefill.items() if c.fit is not None}
-        if not own or not prefills:
-            return None  # nothing measured yet to simulate this machine with
-        fits = dict(own)
-        for kv, p in self._probes.items():
-            young = kv not in own or own[kv].samples < MIN_OWN_FIT_SAMPLES
-            if p is not None and young and p.base_kv in own:
-                fits[kv] = p.scale(own[p.base_kv])
-        now_prefill = prefills.get(engine.s.kv) or next(iter(prefills.values()))
-        swap_bw = (sum(b for b, _ in self._swap) / sum(s for _, s in self._swap)) if self._swap else 10e9
-        f = engine.facts
-        prof = Profile(name="calibrated", description="this run, calibrated", model_name=f.name,
-                    weight_bytes=f.weight_bytes, kv_bytes_per_token_f16=f.bytes_model.kv_bytes_per_token("f16"),
-                    effective_bandwidth_bytes_per_s=1.0, compute_seconds_per_token=0.0,
-                    prefill_tokens_per_s=1 / now_prefill.per_token_seconds,
-                    kv_budget_bytes=engine.s.kv_budget_bytes or 0.0,
-                    context_per_agent=engine.s.ctx_per_agent, n_ctx_train=f.n_ctx_train, power_floor_watts=0.0,
-                    power_per_agent_watts=0.0, source="calibrated on this run (modeled)", layers=f.bytes_model,
-                    host_link_bytes_per_s=swap_bw)
-        return CalibratedSim(prof, fits, prefills, engine.s.kv)
+        return self.measured.simulator(engine)
+
+    def step_time_source(self, engine: Engine, kv: str) -> str:
+        return self.measured.step_time_source(engine, kv)
+
+    def _probe_missing(self, engine: Engine, cur: Setting) -> list[TuneEvent]:
+        kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv}
+        return self.measured.probe_missing(engine, cur.kv, kvs, self.cost)
 
     def _meter(self, engine: Engine):
         m = engine.meter
@@ -610,20 +507,7 @@ class Tuner:
         return not self.step_time_source(engine, kv).startswith("borrowed")
 
     def _switch_s(self, engine: Engine, a: Setting, b: Setting) -> float:
-        """What one switch between two settings is expected to cost: nothing but a KV switch's rebuild, at
-        the rate this run's switches measured (cells per second), else at CONVERT_BYTES_PER_S."""
-        if a.kv == b.kv:
-            return 0.0
-        fixed = 0.0 if engine.backend.source == "simulated" else SWITCH_FIXED_S
-        cells = sum(x.context for x in engine.agents)
-        if self._switches:
-            per_cell = sum(s for _, s in self._switches) / max(sum(c for c, _ in self._switches), 1.0)
-            return cells * per_cell
-        bm = engine.facts.bytes_model
-        cached = sum(bm.kv_cache_bytes(a.kv, x.context) for x in engine.agents)
-        rate = sum(b_ for b_, _ in self._convert) / (2 * sum(s for _, s in self._convert)) if self._convert \
-            else getattr(engine.backend, "convert_bytes_per_s", CONVERT_BYTES_PER_S)
-        return fixed + 2 * cached / rate
+        return 0.0 if a.kv == b.kv else self.measured.switch_s(engine, a.kv)
 
     def _block_s(self, engine: Engine, a: Setting, b: Setting) -> float:
         """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs."""
