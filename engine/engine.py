@@ -25,6 +25,7 @@ from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan, Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
+    cap_in_force,
     check_agents,
     check_batch_cap,
     check_kv,
@@ -87,7 +88,7 @@ class Engine:
         self.backend = backend
         self.facts = backend.facts
         # a prefill chunk never exceeds what one backend call may carry
-        self.s = replace(settings, batch_cap=min(settings.batch_cap, settings.agents),
+        self.s = replace(settings, batch_cap=cap_in_force(settings.batch_cap, settings.agents),
                          chunk_tokens=min(settings.chunk_tokens, backend.max_chunk_tokens))
         self.progress = progress or (lambda what, done, total: None)
         # what drives the agents (engine/agent_source.py): the synthetic swarm unless told otherwise
@@ -264,7 +265,7 @@ class Engine:
         p, s = self._pending, self.s
         agents = p.agents if p.agents is not None else s.agents
         return EngineState(
-            batch_cap=min(p.batch_cap if p.batch_cap is not None else s.batch_cap, agents),
+            batch_cap=cap_in_force(p.batch_cap if p.batch_cap is not None else s.batch_cap, agents),
             kv=p.kv or s.kv,
             agents=agents,
             residency=p.residency or s.residency,
@@ -291,7 +292,7 @@ class Engine:
             self.autotune = c.autotune
             if c.autotune and self.tuner is not None:
                 self.tuner.restart()  # it measures from now, not from before it was turned off
-        self.s.batch_cap = min(self.s.batch_cap, len(self.agents))
+        self.s.batch_cap = cap_in_force(self.s.batch_cap, len(self.agents))
         rebuild_to = c.kv if c.kv is not None and c.kv != self.s.kv else None
         # a new KV type stays pending until the rebuild to it ends (or is refused)
         if c:

@@ -21,6 +21,12 @@ def check_agents(n: int) -> int:
     return n
 
 
+def cap_in_force(cap: int, agents: int) -> int:
+    """The batch cap a swarm of this many agents runs at: a cap past the agents there are is all of them.
+    The one place that rule is written (a cap asked for is checked against it in check_batch_cap)."""
+    return min(cap, agents)
+
+
 def check_batch_cap(cap: int, agents: int) -> int:
     if not 1 <= cap <= agents:
         raise UserError(f"batch cap must be between 1 and {agents} (got {cap})", field="batch_cap")
@@ -92,7 +98,7 @@ class EngineSettings:
     def validate(self, n_ctx_train: int) -> None:
         self.kv = check_kv(self.kv)  # one spelling: "q8_0/q8_0" is "q8_0"
         check_agents(self.agents)
-        check_batch_cap(min(self.batch_cap, self.agents), self.agents)  # a cap above the agents is all of them
+        check_batch_cap(cap_in_force(self.batch_cap, self.agents), self.agents)
         check_at_least_one("gen tokens", self.gen_tokens)
         check_at_least_one("tool tokens", self.tool_tokens)
         check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)

@@ -67,14 +67,21 @@ def make_backend(args: argparse.Namespace):
 
 def check_flags(args: argparse.Namespace) -> None:
     """The settings flags, checked before a model loads, in the engine's own words."""
-    from swarmtune.engine.settings import check_agents, check_batch_cap, check_kv, check_residency, check_tool_latency
+    from swarmtune.engine.settings import (
+        cap_in_force,
+        check_agents,
+        check_batch_cap,
+        check_kv,
+        check_residency,
+        check_tool_latency,
+    )
 
     check_kv(args.kv)
     check_residency(args.residency)
     check_tool_latency(args.tool_latency, args.tool_latency_sigma)
     check_agents(args.agents)
     if args.batch_cap is not None:
-        check_batch_cap(min(args.batch_cap, args.agents), args.agents)
+        check_batch_cap(cap_in_force(args.batch_cap, args.agents), args.agents)
 
 
 def engine_settings(args: argparse.Namespace, backend):

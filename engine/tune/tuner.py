@@ -30,7 +30,7 @@ from swarmtune.engine.errors import Stalled, UserError
 from swarmtune.engine.kv_quality import REFERENCE as QUALITY_REFERENCE
 from swarmtune.engine.power.meter import ModeledMeter, NoMeter
 from swarmtune.engine.records import StepRecord, mean_context
-from swarmtune.engine.settings import RESIDENCY, min_context
+from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
 from swarmtune.engine.sim_backend import SimBackend, StepScale
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
@@ -330,7 +330,7 @@ class Tuner:
     # the candidates: one lever at a time, a step away
     def candidates(self, engine: Engine, cur: Setting) -> list[Setting]:
         n = len(engine.agents)
-        caps = sorted({max(1, cur.batch_cap // 2), min(n, cur.batch_cap * 2), n} - {cur.batch_cap})
+        caps = sorted({max(1, cur.batch_cap // 2), cap_in_force(cur.batch_cap * 2, n), n} - {cur.batch_cap})
         kvs = [k for k in (self.goal.allowed_kv or (engine.s.kv,)) if k != cur.kv]
         out = [replace(cur, batch_cap=c) for c in caps]
         out += [replace(cur, kv=k) for k in kvs]
@@ -369,7 +369,8 @@ class Tuner:
         if sim is None:
             return None
         sim.scale = {**self._learned_scale(engine), **(scale or {})}
-        s = replace(engine.s, batch_cap=min(setting.batch_cap, len(engine.agents)), residency=setting.residency,
+        s = replace(engine.s, batch_cap=cap_in_force(setting.batch_cap, len(engine.agents)),
+                    residency=setting.residency,
                     check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
                     agents=len(engine.agents))
         shadow = shadow_of(engine, sim, s, meter=self._meter(engine))
