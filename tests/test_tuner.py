@@ -48,7 +48,7 @@ def swarm_180s():
     while e.now_s() < 180:
         recs.append(e.step())
         now = Tuner.setting(e)
-        checks_match.append(all(s == now for *_, s in e.tuner._checks))
+        checks_match.append(all(s == now for s in e.tuner.checks.open_settings))
     return e, recs, checks_match
 
 
@@ -182,7 +182,7 @@ def test_on_a_real_backend_it_forecasts_from_what_this_run_measured(llama_backen
     assert whole.tokens > 0 and 3.0 <= whole.seconds <= 4.0 + 1e-6
     assert all(a.seconds <= b.seconds for a, b in zip(spans, spans[1:], strict=False))
     # and the forecast of staying, checked against what came, gives the tuner a stated error
-    assert e.tuner._errors, "no forecast was checked against the run"
+    assert e.tuner.checks.errors, "no forecast was checked against the run"
 
 
 class _TimedSim(SimBackend):
@@ -258,7 +258,7 @@ def test_the_stated_error_is_of_the_same_span_or_a_shorter_one_never_a_longer():
     tuner = Tuner(Goal(epoch_s=10.0, horizon_s=30.0))
     assert tuner.spans == [10.0, 20.0, 30.0]
     assert tuner.stated_error(2) is None
-    tuner._errors = {0: [0.2, -0.2, 0.2], 1: [0.1, -0.1, 0.1], 2: [0.05, 0.05]}
+    tuner.checks.errors = {0: [0.2, -0.2, 0.2], 1: [0.1, -0.1, 0.1], 2: [0.05, 0.05]}
     assert tuner.stated_error(1) == pytest.approx(0.2)  # twice the rms over 20 s
     assert tuner.stated_error(2) == pytest.approx(0.2)  # 30 s has only 2 checks: the 20 s one, wider
     assert tuner.stated_error(0) == pytest.approx(0.4)
@@ -305,7 +305,7 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
     assert e.tuner.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
     # the first look came at once: staying is being checked, and an experiment may have begun
-    assert e.tuner._looked and (e.tuner._checks or e.tuner._exp is not None)
+    assert e.tuner._looked and (e.tuner.checks.open_settings or e.tuner._exp is not None)
     steps = [e.step() for _ in range(40)]
     assert all(r.kind != "tune" or r.tune.to_json()["phase"] != "probed" for r in steps)  # once per type and run
     kinds = [r.kind for r in steps]

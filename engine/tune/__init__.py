@@ -3,7 +3,8 @@
 `experiment.py` (a setting tried on the live swarm against the incumbent, in interleaved blocks),
 `cost.py` (what the tuner spends), `measured.py` (what it learned of this machine: prefill, swap and
 switch rates, side-cache probes; the calibrated simulator on them), `shadow.py` (the live engine's shadow
-on a simulator, built from `Engine.snapshot`, which every forecast runs) and `tuner.py` (proposals,
+on a simulator, built from `Engine.snapshot`, which every forecast runs), `outcome.py` (forecasts of
+staying checked against what came: the stated error) and `tuner.py` (proposals,
 experiments, what they found). It changes the engine only through `Engine.request`, as a person would,
 and learns from the records it is shown (it still reads the engine's settings, agents and fits directly:
 issue 34's read-only view is to come)."""

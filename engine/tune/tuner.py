@@ -36,6 +36,7 @@ from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES, Measured
+from swarmtune.engine.tune.outcome import ForecastChecks
 from swarmtune.engine.tune.shadow import shadow_of
 from swarmtune.engine.tune.simulator import SimStepCost
 from swarmtune.engine.tune.tally import SpanTally, Tally
@@ -69,7 +70,7 @@ class Tuner:
         self.goal = goal
         # what it learned of this machine, kept across a restart
         self.measured = Measured()
-        self._errors: dict[int, list[float]] = {}  # span index -> forecast / measured - 1 of staying
+        self.checks = ForecastChecks()  # its forecasts of staying, checked: its stated error
         # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
         self._tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
         # per KV type, what an experiment measured of its steps against the model: later forecasts run on it
@@ -83,8 +84,7 @@ class Tuner:
         self._epoch_start_s: float | None = None
         self._looked = False
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
-        # forecasts of staying being checked: (what each span was forecast to hold, what came, at which setting)
-        self._checks: list[tuple[list[float | None], SpanTally, Setting]] = []
+        self.checks.restart()
         self._exp: Experiment | None = None
         self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
         self._explored_s = 0.0  # engine seconds of exploratory experiments (both sides' blocks)
@@ -105,10 +105,8 @@ class Tuner:
             # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
         out += self._quality_guard(engine)
-        self._drop_moved_checks(engine)
-        for _, came, _ in self._checks:
-            came.add(rec)
-        self._close_checks()
+        self.checks.drop_moved(self.setting(engine))
+        self.checks.observe(rec, self.goal)
         if self._exp is not None:
             return out + self._experiment_step(engine, rec)
         first_look = not self._looked and self._simulator(engine) is not None
@@ -234,7 +232,7 @@ class Tuner:
         base = self.forecast(engine, cur)  # every epoch: the forecast of staying, checked as it unfolds
         out: list[TuneEvent] = []
         if base is not None and all(run[-1].seconds > 0 for run in base):
-            self._checks.append((self._objectives(base), SpanTally(now, self.spans_for(self.horizon_at(now))), cur))
+            self.checks.add(self._objectives(base), SpanTally(now, self.spans_for(self.horizon_at(now))), cur)
             trial = self._propose(engine, cur, base, kv_only)
             if trial is not None:
                 out.append(trial)
@@ -254,12 +252,6 @@ class Tuner:
             self.cost.think_s += self.goal.sim_think_s * forecasts
         else:
             self.cost.think_s += time.perf_counter() - t0
-
-    def _drop_moved_checks(self, engine: Engine) -> None:
-        """A forecast of staying says nothing of what came after the setting moved (an experiment, or a
-        person): its spans not yet closed are dropped, not compared."""
-        now_setting = self.setting(engine)
-        self._checks = [c for c in self._checks if c[2] == now_setting]
 
     def horizon_at(self, now_s: float) -> float:
         """How far a forecast made now runs: what is left of a run of known length (up to the default
@@ -284,43 +276,15 @@ class Tuner:
         """The forecast objective at each span, averaged over the forecast's seeds."""
         return [_mean(run[k].objective_value(self.goal) for run in runs) for k in range(len(runs[0]))]
 
-    def _close_checks(self) -> None:
-        """Forecasts of staying whose spans have passed: their errors, measured, are the tuner's stated error."""
-        keep = []
-        for forecast, came, setting in self._checks:
-            while len(came.closed) > (done := came.checked):
-                measured = came.closed[done].objective_value(self.goal)
-                predicted = forecast[done]
-                if predicted and measured:
-                    self._errors[done] = (self._errors.get(done, []) + [predicted / measured - 1])[-32:]
-                came.checked = done + 1
-            if len(came.closed) < len(came.spans):
-                keep.append((forecast, came, setting))
-        self._checks = keep
-
     def stated_error(self, span: int | None = None) -> float | None:
-        """How far a forecast gain over a span may be from the measured one: twice the rms error of the
-        forecasts of staying checked over that span (about 95% of them fall inside), or over the longest
-        shorter span with 3 checks (noisier, so wider). None until 3 forecasts were checked. span: its
-        index (k+1 epochs); by default the default horizon's last."""
-        k = len(self.spans) - 1 if span is None else span
-        for j in range(k, -1, -1):
-            errs = self._errors.get(j, [])
-            if len(errs) >= 3:
-                return 2 * math.sqrt(sum(e * e for e in errs) / len(errs))
-        return None
+        """The stated error over a span (engine/tune/outcome.py); by default the default horizon's last."""
+        return self.checks.stated_error(len(self.spans) - 1 if span is None else span)
 
     def forecast_error(self, span: int) -> float:
-        """The error a move's gain must clear over a span: the rms error measured on this run's forecasts of
-        staying (half the stated error an outcome is judged against, which is a 95% band), or the prior
-        until three were checked."""
-        err = self.stated_error(span)
-        return self.goal.prior_error if err is None else err / 2
+        return self.checks.forecast_error(span, self.goal.prior_error)
 
     def _error_source(self, span: int) -> str:
-        if self.stated_error(span) is None:
-            return "prior: fewer than 3 forecasts of staying checked yet (Goal.prior_error)"
-        return "rms error of this run's checked forecasts of staying (measured)"
+        return self.checks.error_source(span)
 
     @staticmethod
     def setting(engine: Engine) -> Setting:
@@ -658,7 +622,7 @@ class Tuner:
         self.cost.switches += 1
         if to.kv != cur.kv:
             self._switching = True
-        self._drop_moved_checks(engine)
+        self.checks.drop_moved(self.setting(engine))
         return True
 
     def _end(self, engine: Engine, result: str, live: Setting) -> list[TuneEvent]:
@@ -677,7 +641,7 @@ class Tuner:
         lost = x.tokens_lost()
         self.cost.tokens_lost += lost
         self._epoch_start_s = engine.now_s()  # the next look an epoch from now, on the setting it holds
-        self._drop_moved_checks(engine)
+        self.checks.drop_moved(self.setting(engine))
         fv = self._forecast_verdict(x)
         # on fewer than MIN_PAIRS pairs (rejected early), the factors with the incumbent's noise for a spread
         dec = x.step_factor("decode") or x.early_step_factor("decode")
