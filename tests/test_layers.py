@@ -36,3 +36,35 @@ def test_an_import_inside_a_function_breaks_it(tmp_path):
     out = _lint(tmp_path)
     assert out.returncode != 0
     assert "swarmtune.engine.engine -> swarmtune.tui.app" in out.stdout
+
+
+# the layers above the core: they may read an agent, never change it (issue 34: agents own their state)
+ABOVE_THE_CORE = ("engine/server", "engine/sources", "tui", "swarmtune/commands", "swarmtune/cli.py",
+                  "swarmtune/factories.py", "swarmtune/parsing.py")
+MUTATORS = {"append", "extend", "clear", "pop", "remove", "insert", "add", "update", "discard", "sort"}
+
+
+def test_no_module_above_the_core_writes_an_agents_field():
+    """An assignment to, or a mutating call on, an attribute named as one of Agent's fields, on anything but
+    `self`, in a module above the core. (By name: `id` is left out, as every record has one.)"""
+    import ast
+    import dataclasses
+
+    from swarmtune.engine.workload import Agent
+
+    fields = {f.name for f in dataclasses.fields(Agent)} - {"id"}
+    files = [p for top in ABOVE_THE_CORE for p in ([ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py"))]
+    assert len(files) > 20, files  # the folders are where this test thinks they are
+    writes = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                targets = [node.func.value]
+            for t in targets:
+                for x in ast.walk(t):
+                    if isinstance(x, ast.Attribute) and x.attr in fields and \
+                            not (isinstance(x.value, ast.Name) and x.value.id == "self"):
+                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(x)}")
+    assert not writes, writes
