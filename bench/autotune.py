@@ -45,7 +45,7 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.profiles import profile
+from swarmtune.engine.profiles import misstated, profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune import Goal, Tuner
 
@@ -205,21 +205,11 @@ def count_verdicts(decisions: list[dict]) -> dict[str, int]:
             "none": sum(v not in ("agrees", "disagrees") for v in verdicts)}
 
 
-def true_profile(p, true: dict):
-    """The card as it is, where its model (p) mis-states it."""
-    from dataclasses import replace
-
-    return replace(p, name=p.name + " (as it is)",
-                   effective_bandwidth_bytes_per_s=p.effective_bandwidth_bytes_per_s * true.get("bandwidth", 1.0),
-                   compute_seconds_per_token=p.compute_seconds_per_token * true.get("compute", 1.0),
-                   kv_cost_factor=tuple(true.get("kv_cost", {}).items()))
-
-
 def sim_condition(c: dict) -> dict:
     p = profile(c["profile"])
     w = dict(SIM, profile=c["profile"])
     if "true" in c:  # the card runs its true profile; the tuner forecasts with the stated one
-        t = true_profile(p, c["true"])
+        t = misstated(p, c["true"])
         return workload(f"sim {c['profile']}, seed {c['seed']}, mis-stated: {c['what']}",
                         lambda: SimBackend(t, stated=p), w, c["seed"], "simulated")
     return workload(f"sim {c['profile']}, seed {c['seed']}", lambda: SimBackend(p), w, c["seed"], "simulated")

@@ -6,7 +6,7 @@ W(B) = W and K(L) = L k for a dense model), its power floor + per-agent watts.
 """
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
@@ -165,3 +165,13 @@ def profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise UserError(f"unknown profile {name!r}; 'swarmtune profiles' lists them: {', '.join(PROFILES)}") from None
+
+
+def misstated(p: Profile, true: dict) -> Profile:
+    """The card as it is where its profile p (what a tuner forecasts with) mis-states it: `true` scales its
+    bandwidth and compute (`{"bandwidth": 0.7}`: 30% below p) and sets what reading a KV type's bytes costs
+    (`{"kv_cost": {"q8_0": 2.5}}`). The bench's and the tests' mis-stated cards (simulated)."""
+    return replace(p, name=p.name + " (as it is)",
+                   effective_bandwidth_bytes_per_s=p.effective_bandwidth_bytes_per_s * true.get("bandwidth", 1.0),
+                   compute_seconds_per_token=p.compute_seconds_per_token * true.get("compute", 1.0),
+                   kv_cost_factor=tuple(true.get("kv_cost", {}).items()))

@@ -12,7 +12,7 @@ import pytest
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.profiles import profile
+from swarmtune.engine.profiles import misstated, profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
@@ -314,12 +314,8 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
 
 def _misstated(true: dict, seconds: float, tuned: bool, seed: int = 1):
     """The simulated RX 9070 XT as it is (`true`) under a tuner that forecasts with its profile as listed."""
-    from dataclasses import replace as _replace
-
     p = profile(SIM)
-    t = _replace(p, effective_bandwidth_bytes_per_s=p.effective_bandwidth_bytes_per_s * true.get("bandwidth", 1.0),
-                 compute_seconds_per_token=p.compute_seconds_per_token * true.get("compute", 1.0),
-                 kv_cost_factor=tuple(true.get("kv_cost", {}).items()))
+    t = misstated(p, true)
     s = EngineSettings(agents=8, kv="f16", ctx_per_agent=p.context_per_agent, gen_tokens=256, tool_tokens=1024,
                        kv_budget_bytes=p.kv_budget_bytes, tool_latency_s=5.0, seed=seed, check=False)
     e = Engine(SimBackend(t, stated=p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), run_s=seconds, **{

@@ -10,14 +10,13 @@ The conditions are the bench's (bench/autotune.py), shorter: a stated card, one 
 the tuner's model, and one where q8_0's KV read costs 2.5x its bytes (the model's sign wrong).
 """
 
-import dataclasses
 import re
 
 import pytest
 from syrupy.extensions.json import JSONSnapshotExtension
 
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.profiles import profile
+from swarmtune.engine.profiles import misstated, profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune import Goal, Tuner
 
@@ -32,10 +31,7 @@ WALL_CLOCK = {"think_cpu_s"}  # measured on this machine's CPU, not on the sim's
 
 def decisions(name: str, seed: int, true: dict) -> dict:
     stated = profile(name)
-    card = dataclasses.replace(
-        stated, name=stated.name + " (as it is)",
-        effective_bandwidth_bytes_per_s=stated.effective_bandwidth_bytes_per_s * true.get("bandwidth", 1.0),
-        kv_cost_factor=tuple(true.get("kv_cost", {}).items())) if true else stated
+    card = misstated(stated, true) if true else stated
     s = EngineSettings(agents=8, batch_cap=8, kv="f16", residency="keep", seed=seed, gen_tokens=256,
                        tool_tokens=1024, ctx_per_agent=stated.context_per_agent,
                        kv_budget_bytes=stated.kv_budget_bytes, tool_latency_s=5.0, check=False)
