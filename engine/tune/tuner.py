@@ -424,9 +424,9 @@ class Tuner:
             # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
             # the run (of the horizon where the run's length is unknown), counting an experiment at its least
             # pairs on both sides and as long again to reap. (Counting only what a candidate rejected at its
-            # first pair costs let a 64 s run try q8_0 on the default model: at 1 thread it kept it, 1.54x its
-            # start, and at 2 threads it gave up after 4 pairs and the run lost 6.5% against 3% counted:
-            # docs/tuner.md, 2026-12-04.)
+            # first pair costs let a 64 s run try q8_0 on the default model, on a 2-core AVX2 EPYC: at 1
+            # thread it kept it, 1.54x its start, and at 2 threads it gave up after 4 pairs and the run lost
+            # 6.5% against 3% counted, measured: docs/tuner.md, 2026-12-04.)
             whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
             least = 2 * MIN_PAIRS * 2 * block_s
             explore = (self._explored_s, least, self.goal.explore_share * whole)
