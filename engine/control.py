@@ -1,11 +1,23 @@
 """A change of settings, wherever it comes from: a flag, a key, a typed command, an HTTP body, the tuner.
-Each field left None is left as it is. A new control is a field here, one check in `Engine.request`, and
-its name over HTTP where that differs."""
+Each field left None is left as it is. A new control is a field here, one check in `Pending.request`, and
+its name over HTTP where that differs. Requested from any thread, it waits (`Pending`) until the engine's
+next step applies it."""
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.settings import whole_number
+from swarmtune.engine.settings import (
+    EngineSettings,
+    cap_in_force,
+    check_agents,
+    check_batch_cap,
+    check_kv,
+    check_residency,
+    min_context,
+    whole_number,
+)
 
 # the HTTP API's names where they differ from the engine's (`kv_type` reads better beside `batch_cap` in a body)
 HTTP_NAMES = {"kv": "kv_type"}
@@ -50,6 +62,80 @@ class Control:
 
 
 _FIELDS = fields(Control)  # once: dataclasses.fields() builds its tuple on every call
+
+
+@dataclass
+class EngineState:
+    """What a control answer reports: the settings now in force (or about to be, at the next step). Derived
+    each time from the engine's settings and the change still pending (`Pending.state`), never kept."""
+    batch_cap: int
+    kv: str
+    agents: int
+    residency: str = "keep"
+    autotune: bool | None = None  # None: this engine has no tuner
+
+
+class Pending:
+    """What was requested and not yet applied, as one change (a later request's fields win), checked for
+    every caller in one wording. The settings in force are the engine's; state() is this change over them.
+    A change stays pending while the engine applies it, so state() reads the same all along."""
+
+    def __init__(self, settings: EngineSettings, budget_tokens: Callable[[str], int],
+                 autotune: Callable[[], bool | None]) -> None:
+        self.s = settings  # the engine's own
+        self._budget_tokens = budget_tokens  # what the KV budget holds at a type
+        self._autotune = autotune  # the tuner's switch in force; None: no tuner
+        self._change = Control()
+        self._lock = threading.Lock()
+
+    def request(self, c: Control) -> EngineState:
+        batch_cap, kv, agents, residency, autotune = c.batch_cap, c.kv, c.agents, c.residency, c.autotune
+        with self._lock:
+            if autotune is not None and self._autotune() is None:
+                raise UserError("this engine has no tuner", field="autotune")
+            st = self._state()
+            n_agents = check_agents(agents) if agents is not None else st.agents
+            if batch_cap is not None:
+                check_batch_cap(batch_cap, n_agents)
+            if kv is not None:
+                kv = check_kv(kv)  # one spelling: "q8_0/q8_0" is "q8_0"
+                c = replace(c, kv=kv)
+                if self.s.kv_budget_bytes is not None:
+                    budget = self._budget_tokens(kv)
+                    if budget < min_context(self.s):
+                        raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
+            if residency is not None:
+                check_residency(residency)
+            self._change = self._change.then(c)
+            return self._state()
+
+    def state(self) -> EngineState:
+        """The settings in force with the change requested and not yet applied over them: what the next step
+        runs with (a KV type being rebuilt to included)."""
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> EngineState:
+        p, s = self._change, self.s
+        agents = p.agents if p.agents is not None else s.agents
+        tuner_on = self._autotune()
+        return EngineState(
+            batch_cap=cap_in_force(p.batch_cap if p.batch_cap is not None else s.batch_cap, agents),
+            kv=p.kv or s.kv,
+            agents=agents,
+            residency=p.residency or s.residency,
+            autotune=None if tuner_on is None else (p.autotune if p.autotune is not None else tuner_on),
+        )
+
+    def take(self) -> Control:
+        """The change to apply now (it stays pending until `applied`)."""
+        with self._lock:
+            return self._change
+
+    def applied(self, done: Control) -> None:
+        """done has taken effect: what is left pending is what was requested since (or differently)."""
+        with self._lock:
+            self._change = self._change.less(done)
 
 
 COMMAND_HELP = "kv TYPE (or K/V: q8_0/f16), cap N, agents N, residency keep|swap|drop or autotune on|off"

@@ -1,15 +1,20 @@
-"""A KV switch's conversions: before the old cache closes every history is saved and converted to the new
-type; after the new one opens, those that fit go back into it. What neither applies to is prefilled again
-by the engine's rebuild (engine/engine.py)."""
+"""A KV switch: the context rebuilt at another KV type (or with room for more streams). Before the old cache
+closes every history is saved and converted to the new type; after the new one opens, those that fit go
+back into it, and what neither applies to is prefilled again. A type this build cannot make is refused and
+the old cache is made again: the swarm runs on as it was."""
 
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, NoKVSlot
+from swarmtune.engine.batch_runner import BatchRunner, Ran
+from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.kv_convert import Unconvertible
 from swarmtune.engine.residency import MoveLog
+from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.workload import Agent, AgentState, Residency
 
 
@@ -103,3 +108,102 @@ def restore_histories(backend: Backend, agents: list[Agent], states: dict[int, o
         out.ids.add(a.id)
         out.cached_tokens += a.context
     return out
+
+
+class KVSwitch:
+    def __init__(self, backend: Backend, settings: EngineSettings, analysis: StepAnalysis, moves: MoveLog,
+                 runner: BatchRunner) -> None:
+        self.backend = backend
+        self.s = settings  # the engine's own: its KV type is set here, once the new cache is made
+        self.analysis = analysis
+        self.moves = moves
+        self.runner = runner  # its clock, its agents' source and what a sampled token does
+
+    def rebuild(self, kv: str, slots: int, agents: list[Agent], budget_tokens: Callable[[str], int],
+                used_tokens: Callable[[list[Agent]], int], should_stop: Callable[[], bool],
+                progress: Callable[[str, int, int], None]) -> Ran:
+        """The context made again at kv with room for `slots` streams; every agent's history converted,
+        or prefilled again, or (where the new budget cannot hold it) preempted. Ran.refused_kv: a type this
+        build refused. The re-prefill reports its progress and stops where should_stop says."""
+        old = self.s.kv
+        for a in agents:
+            a.fold_kept()  # cut from the old cache, in its type: prefilled instead
+        t0 = time.perf_counter()
+        refused, refused_kv = "", None
+        conv = convert_histories(self.backend, agents, old, kv, self.s.kv_convert, self.moves) \
+            if kv != old else Converted()
+        converted = conv.states
+        try:
+            self.backend.open(kv, slots, self.s.ctx_per_agent)
+        except UserError as e:  # this build cannot make that cache: keep running on the old one
+            refused = f"{kv} refused ({e}); "
+            refused_kv, kv = kv, old
+            self.backend.open(kv, slots, self.s.ctx_per_agent)
+            converted = conv.saved  # the states as saved go back into the old type's cache
+            self.moves.forget("convert")
+        self.s.kv = kv
+        self.analysis.context_opened()
+        budget = budget_tokens(kv)
+        back = restore_histories(self.backend, agents, converted, budget, used_tokens)
+        restored, restore_s, converted_tokens = back.ids, back.seconds, back.cached_tokens
+        for a in agents:
+            if a.state is AgentState.TOOL and a.residency is Residency.HOST and a.id not in restored and kv != old:
+                a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
+                self.moves.add(a, "swap_discarded", 0, 0.0)
+        live = [a for a in agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE
+                and a.id not in restored]
+        for a in agents:
+            self.runner.workload.seed_sampler(a)
+            if a not in live:
+                continue
+            if not a.history and not a.pending:
+                self.runner.workload.start_task(a)  # an agent added beyond the old streams starts here
+            a.requeue()
+        seconds, done, preempted = self._prefill_again(live, agents, budget, used_tokens, should_stop, progress)
+        moves_s = self.moves.seconds("convert")
+        # the conversion's own seconds are in its moves
+        wall = self.runner.clock.step_seconds(max(time.perf_counter() - t0 - moves_s, 0.0), seconds + restore_s)
+        what = f"kv {old} -> {kv}" if kv != old or refused else f"room for {slots} agents"
+        how = []
+        if converted_tokens:
+            how.append(f"converted {converted_tokens} cached tokens of {len(restored)} agents in place "
+                       f"({moves_s + restore_s:.2f} s)")
+        if done or not converted_tokens:
+            how.append(f"re-prefilled {done} tokens" + (f" (no conversion: {conv.why_not})" if conv.why_not else ""))
+        return Ran("rebuild", [], wall, done, preempted, converted_tokens=converted_tokens,
+                   note=f"{refused}{what}: " + "; ".join(how) + f" in {wall + moves_s:.2f} s",
+                   refused_kv=refused_kv)
+
+    def _prefill_again(self, live: list[Agent], agents: list[Agent], budget: int,
+                       used_tokens: Callable[[list[Agent]], int],
+                       should_stop: Callable[[], bool],
+                       progress: Callable[[str, int, int], None]) -> tuple[float, int, list[int]]:
+        """The histories neither converted nor restored, prefilled again while the budget holds them."""
+        total = sum(len(a.pending) for a in live)
+        seconds, done = 0.0, 0
+        preempted: list[int] = []
+        self.backend.interrupt_with(should_stop)  # quitting stops even a chunk in progress
+        try:
+            for a in sorted(live, key=lambda x: x.id):
+                if used_tokens(agents) + len(a.pending) > budget:
+                    if a.state is AgentState.TOOL:
+                        a.evict()  # it waits for its tool; its history is prefilled on return
+                    else:
+                        a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; readmitted later
+                    preempted.append(a.id)
+                    continue
+                while a.pending:
+                    if should_stop():
+                        raise Interrupted()
+                    chunk = a.pending[: self.s.chunk_tokens]
+                    seconds += self.backend.prefill(a.seq, chunk, a.context)
+                    a.history.extend(chunk)
+                    del a.pending[: len(chunk)]
+                    done += len(chunk)
+                    progress("rebuild", done, total)
+                if a.state is not AgentState.TOOL:  # a waiting agent samples after its tool result
+                    a.state = AgentState.DECODE
+                    self.runner.sampled(a, self.backend.first_token_after_prefill(a.seq), 0.0, agents)
+        finally:
+            self.backend.interrupt_with(None)
+        return seconds, done, preempted

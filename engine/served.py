@@ -435,7 +435,7 @@ class ServedAgents:
         a.miss = cache_miss.short(req.miss, req.shifted_tokens, req.prefilled_tokens) if req.miss else ""
         a.kept = kept
         a.tool_pending = self._to_prefill(req.prompt, len(self._known(a)), kept)
-        a.tool_ready_at = 0.0  # the engine's _wake_tools brings its history back and queues the suffix
+        a.tool_ready_at = 0.0  # the runner's wake_tools brings its history back and queues the suffix
         a.turn_generated, a.next_token, a.turn_text = 0, None, ""
         self.backend.set_sampler(a.seq, req.params)
 

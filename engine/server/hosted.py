@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import EngineState
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.served import ServedAgents
 from swarmtune.engine.server.runner import EngineRunner
 from swarmtune.engine.server.server import ApiServer, make_app

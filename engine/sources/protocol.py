@@ -5,8 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import EngineState
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.records import StepRecord
 
 

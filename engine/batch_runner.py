@@ -1,0 +1,165 @@
+"""Runs the scheduler's plan on the backend and hands the tokens back to their agents: a prefill chunk, a
+decode batch (now and then one agent alone, the batch-1 reference), or a wait; tools that returned wake
+their agents first. It changes agents and cells; the engine makes the step's record from what it returns."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swarmtune.engine.agent_source import AgentSource
+from swarmtune.engine.analysis import StepAnalysis
+from swarmtune.engine.backend import Backend, NoKVSlot
+from swarmtune.engine.clock import Clock
+from swarmtune.engine.errors import Stalled
+from swarmtune.engine.records import mean_context
+from swarmtune.engine.residency import MoveLog, Parking
+from swarmtune.engine.scheduler import Plan
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.workload import Agent, AgentState, Residency
+
+
+@dataclass
+class Ran:
+    """What one step did, for its record."""
+
+    kind: str  # decode | prefill | idle | rebuild
+    batch: list[Agent]  # the agents it served
+    seconds: float  # the backend's (or, for a rebuild, the swarm's) seconds, moves not included
+    tokens: int  # the tokens it carried
+    preempted: list[int] = field(default_factory=list)  # agents whose cells it freed
+    note: str = ""
+    reference: bool = False  # a batch-1 step run to time the reference
+    converted_tokens: int = 0  # a rebuild: cached tokens converted to the new KV type
+    refused_kv: str | None = None  # a rebuild: the KV type this build could not make
+
+
+class BatchRunner:
+    def __init__(self, backend: Backend, settings: EngineSettings, workload: AgentSource, clock: Clock,
+                 analysis: StepAnalysis, moves: MoveLog, parking: Parking) -> None:
+        self.backend = backend
+        self.s = settings  # the engine's own, as they are now
+        self.workload = workload
+        self.clock = clock  # the engine's (a shadow's is set again when it resumes)
+        self.analysis = analysis
+        self.moves = moves
+        self.parking = parking
+        self.since_reference = 0  # decode steps since the last batch-1 reference step
+
+    def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
+        """The plan, as step number `step`, after freeing what it preempts."""
+        preempted = [a.id for a in plan.preempt or []]
+        for a in plan.preempt or []:
+            self.preempt(a)
+        if plan.kind == "prefill":
+            return self._prefill(plan, preempted, step, agents)
+        if plan.kind == "decode" and plan.agents:
+            return self._decode(plan, preempted, step, agents)
+        if any(a.state is AgentState.TOOL for a in agents):
+            return self._idle(agents)
+        raise Stalled("no agent can run: the KV budget is too small for the swarm")
+
+    def preempt(self, a: Agent) -> None:
+        if a.state is AgentState.TOOL:  # a waiting agent keeps waiting; its history is prefilled on return
+            self.parking.drop(a)
+            return
+        self.backend.drop(a.seq)
+        a.requeue()
+        a.state = AgentState.PREEMPTED
+
+    def wake_tools(self, agents: list[Agent], now_s: float, room_tokens: Callable[[], int]) -> None:
+        """Tool results that have arrived: the agent's history comes back (swapped in where the budget has
+        room_tokens() left, or prefilled again with the result) and the result is queued for prefill."""
+        for a in agents:
+            if a.state is not AgentState.TOOL or a.tool_ready_at is None or a.tool_ready_at > now_s:
+                continue
+            if a.residency is Residency.HOST:
+                self.parking.swap_in(a, room_tokens())
+            a.pending = a.pending + a.tool_pending
+            a.tool_pending, a.tool_ready_at = [], None
+            a.residency = Residency.CACHE  # its prefill (history, if dropped, then the result) refills the cells
+            a.state = AgentState.PREFILL
+
+    def sampled(self, a: Agent, tok: int, seconds: float, agents: list[Agent]) -> None:
+        """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
+        ends before it (an end of generation, the turn's limit, the context's, or its source says so)."""
+        source = self.workload
+        if not (self.backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit):
+            a.next_token = tok
+            if source.on_token(a, tok, self.backend.piece(tok)):
+                return
+        a.next_token = None
+        source.end_turn(a, self.clock.after(seconds))
+        if a.state is AgentState.TOOL:
+            self.parking.park(a, agents)
+
+    def _idle(self, agents: list[Agent]) -> Ran:
+        """Every agent waits for a tool or a client: the clock runs to the first return (the sim's), or the
+        engine waits a slice, less where work arrives (a request)."""
+        ready = [a.tool_ready_at for a in agents if a.tool_ready_at is not None]
+        note = "every agent waits for a tool" if ready else "every agent waits for its client"
+        seconds = self.clock.idle(min(ready) if ready else None, self.workload.idle)
+        return Ran("idle", [], seconds, 0, [], note=note)
+
+    def _prefill(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
+        a = plan.agents[0]
+        try:
+            self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
+            n = min(plan.chunk, a.kept[0].at - a.context) if a.kept else plan.chunk  # up to the next kept chunk
+            chunk = a.pending[:n]
+            seconds = self.backend.prefill(a.seq, chunk, a.context)
+            a.history.extend(chunk)
+            del a.pending[:n]
+            self._paste_due(a)
+        except NoKVSlot:
+            self.preempt(a)
+            return Ran("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
+        a.last_served_step = step
+        if not a.pending:
+            a.state = AgentState.DECODE
+            self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
+        return Ran("prefill", [a], seconds, len(chunk), preempted)
+
+    def _paste_due(self, a: Agent) -> None:
+        """Kept chunks of its old cells whose place its prefill has reached go back (engine/chunk_reuse.py)."""
+        while a.kept and a.kept[0].at == a.context:
+            k = a.kept[0]
+            seconds = self.backend.paste(a.seq, k.handle, k.at)
+            a.kept.pop(0)
+            a.history.extend(k.tokens)
+            self.moves.add(a, "paste", int(self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)),
+                           seconds, a.context)
+
+    def _reference_due(self, batch: list[Agent]) -> bool:
+        return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
+                                                                 self.since_reference)
+
+    def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
+        batch = plan.agents
+        note = ""
+        self.since_reference += 1
+        if self._reference_due(batch):
+            # one agent alone, the others wait a step: a real step of the run, timed at batch 1, by the
+            # agent nearest the batch's mean context (where the next speedups will be read)
+            mean_ctx = mean_context(a.context for a in batch)
+            batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
+            note = "batch-1 reference step"
+        if len(batch) == 1:
+            self.since_reference = 0
+        while True:
+            try:
+                sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
+                out, seconds = self.backend.decode([a.seq for a in batch], sent, [a.context for a in batch])
+                break
+            except NoKVSlot:
+                victim = max(batch, key=lambda a: a.context)
+                self.preempt(victim)
+                preempted.append(victim.id)
+                batch = [a for a in batch if a is not victim]
+                if not batch:
+                    return Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
+        for a, fed, tok in zip(batch, sent, out, strict=True):
+            a.history.append(fed)
+            a.generated += 1
+            a.turn_generated += 1
+            a.last_served_step = step
+            self.sampled(a, tok, seconds, agents)
+        return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
