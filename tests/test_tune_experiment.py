@@ -100,10 +100,10 @@ def test_steps_of_another_setting_and_the_switch_itself_are_not_counted():
 
 
 def test_a_run_of_known_length_plans_only_for_what_is_left_of_it():
-    t = Tuner(Goal(epoch_s=10.0, horizon_s=240.0, run_s=80.0))
-    assert t.horizon_at(0.0) == 80.0 and t.horizon_at(55.0) == 25.0 and t.horizon_at(79.0) == 10.0
-    assert t.spans_for(25.0) == [10.0, 20.0, 25.0]
-    assert Tuner(Goal(horizon_s=240.0)).horizon_at(1000.0) == 240.0
+    fc = Tuner(Goal(epoch_s=10.0, horizon_s=240.0, run_s=80.0)).forecaster
+    assert fc.horizon_at(0.0) == 80.0 and fc.horizon_at(55.0) == 25.0 and fc.horizon_at(79.0) == 10.0
+    assert fc.spans_for(25.0) == [10.0, 20.0, 25.0]
+    assert Tuner(Goal(horizon_s=240.0)).forecaster.horizon_at(1000.0) == 240.0
 
 
 def test_a_short_run_tries_kv_types_on_the_swarm_rather_than_probing_them():

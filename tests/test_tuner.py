@@ -16,6 +16,8 @@ from swarmtune.engine.profiles import misstated, profile
 from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
+from swarmtune.engine.tune.forecast import Forecaster
+from swarmtune.engine.tune.propose import Proposer
 from tests.conftest import SIM, run_cli
 
 # short horizons keep the tests quick; the bench uses the defaults
@@ -301,9 +303,9 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     assert (probed["kv"], probed["base_kv"], probed["batch"]) == ("q8_0", "f16", 4)
     assert probed["source"] == "measured in a side cache" and probed["probe_seconds"] > 0
     # both types have a step-time fit and a prefill fit before any step of the swarm ran
-    sim = e.tuner._simulator(e)
+    sim = e.tuner.forecaster.simulator(e)
     assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
-    assert e.tuner.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
+    assert e.tuner.measured.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
     # the first look came at once: staying is being checked, and an experiment may have begun
     assert e.tuner._looked and (e.tuner.checks.open_settings or e.tuner._exp is not None)
     steps = [e.step() for _ in range(40)]
@@ -387,14 +389,14 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     e = Engine(_TimedSim(p), s, tuner=Tuner(goal), autotune=True)
     for _ in range(40):
         e.step()
-    assert e.tuner._timed(e, "f16") and not e.tuner._timed(e, "q8_0")
+    assert e.tuner.proposer.timed(e, "f16") and not e.tuner.proposer.timed(e, "q8_0")
     sim = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"))), autotune=True)
-    assert sim.tuner._timed(sim, "q8_0")
+    assert sim.tuner.proposer.timed(sim, "q8_0")
     # a forecast that q8_0 gains 40% (past any margin and error) still proposes it only as an exploration
     cur = Setting(4, "f16", "keep")
     base = e.tuner.forecast(e, cur)
     assert base is not None
-    real_forecast = Tuner.forecast
+    real_forecast = Forecaster.forecast
 
     def better_q8(self, engine, setting, seeds=None, scale=None):
         runs = real_forecast(self, engine, setting, seeds, scale)
@@ -403,11 +405,11 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
                 run[-1].tokens = int(run[-1].tokens * 1.4)
         return runs
 
-    monkeypatch.setattr(Tuner, "forecast", better_q8)
-    monkeypatch.setattr(Tuner, "candidates", lambda self, engine, c: [Setting(4, "q8_0", "keep")])
-    assert e.tuner._propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
+    monkeypatch.setattr(Forecaster, "forecast", better_q8)
+    monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [Setting(4, "q8_0", "keep")])
+    assert e.tuner.propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
     e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
-    trial = e.tuner._propose(e, cur, base, kv_only=True)
+    trial = e.tuner.propose(e, cur, base, kv_only=True)
     assert trial is not None and trial.to.kv == "q8_0" and trial.exploratory, trial
     assert "never timed here" in trial.why
 
@@ -423,4 +425,4 @@ def test_every_seed_of_a_forecast_has_the_same_spans_while_the_clock_moves(monke
     monkeypatch.setattr(e, "now_s", lambda: next(clock))
     runs = e.tuner.forecast(e, Tuner.setting(e))
     assert runs is not None and len(runs) == 2 and len(runs[0]) == len(runs[1]) == 3
-    assert e.tuner._objectives(runs)  # averaged span by span
+    assert e.tuner.forecaster.objectives(runs)  # averaged span by span

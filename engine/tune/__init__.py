@@ -3,9 +3,12 @@
 `experiment.py` (a setting tried on the live swarm against the incumbent, in interleaved blocks),
 `cost.py` (what the tuner spends), `measured.py` (what it learned of this machine: prefill, swap and
 switch rates, side-cache probes; the calibrated simulator on them), `shadow.py` (the live engine's shadow
-on a simulator, built from `Engine.snapshot`, which every forecast runs), `outcome.py` (forecasts of
-staying checked against what came: the stated error) and `tuner.py` (proposals,
-experiments, what they found). It changes the engine only through `Engine.request`, as a person would,
+on a simulator, built from `Engine.snapshot`, which every forecast runs), `forecast.py` (the swarm run
+forward under a setting; the thinking it costs), `outcome.py` (forecasts of staying checked against what
+came: the stated error), `propose.py` (the neighbours, and which one is worth an experiment),
+`verdict.py` (an experiment's verdicts after each pair), `report.py` (what its end says),
+`quality_guard.py` (the quality budget's move back to f16) and `tuner.py` (the wiring: what the engine
+calls after every record). It changes the engine only through `Engine.request`, as a person would,
 and learns from the records it is shown (it still reads the engine's settings, agents and fits directly:
 issue 34's read-only view is to come)."""
 
