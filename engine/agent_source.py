@@ -10,9 +10,9 @@ The engine asks, for each agent:
   is given to an agent here, and only here, so no other thread touches an agent;
 - `on_token`: each token it sampled (its text, where the tokens go); False ends the turn before it (a
   stop sequence, a client that left);
-- `end_turn`: after a turn: what comes next and when. The source sets `agent.state` to TOOL with
-  `tool_ready_at` and `tool_pending` (a wait: a tool call, or a client that has not sent its next request)
-  or to PREFILL with `pending` (at once), or starts a new task;
+- `end_turn`: after a turn: what comes next and when, as the agent's own transitions (engine/agent.py): a
+  wait (`wait_for_tool` with the result and when it arrives, or `wait_for_client`, a client that has not
+  sent its next request), `prefill_next` (at once), or a new task;
 - `seed_sampler`: the agent's sampler, set as the source decides (again after a KV switch);
 - `idle`: every agent waits and none has a time to wake: wait at most this long, less if work arrives;
 - `on_record`: after each step, its record (what it took, its energy): a served request is charged its share;
@@ -22,8 +22,8 @@ The engine asks, for each agent:
 from dataclasses import dataclass
 from typing import Protocol
 
+from swarmtune.engine.agent import Agent
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.workload import Agent
 
 
 @dataclass(frozen=True)

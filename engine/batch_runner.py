@@ -5,6 +5,7 @@ their agents first. It changes agents and cells; the engine makes the step's rec
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from swarmtune.engine.agent import Agent, Residency
 from swarmtune.engine.agent_source import AgentSource
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, NoKVSlot
@@ -14,7 +15,6 @@ from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.workload import Agent, AgentState, Residency
 
 
 @dataclass
@@ -53,30 +53,26 @@ class BatchRunner:
             return self._prefill(plan, preempted, step, agents)
         if plan.kind == "decode" and plan.agents:
             return self._decode(plan, preempted, step, agents)
-        if any(a.state is AgentState.TOOL for a in agents):
+        if any(a.waiting for a in agents):
             return self._idle(agents)
         raise Stalled("no agent can run: the KV budget is too small for the swarm")
 
     def preempt(self, a: Agent) -> None:
-        if a.state is AgentState.TOOL:  # a waiting agent keeps waiting; its history is prefilled on return
+        if a.waiting:  # a waiting agent keeps waiting; its history is prefilled on return
             self.parking.drop(a)
             return
         self.backend.drop(a.seq)
-        a.requeue()
-        a.state = AgentState.PREEMPTED
+        a.preempted()
 
     def wake_tools(self, agents: list[Agent], now_s: float, room_tokens: Callable[[], int]) -> None:
         """Tool results that have arrived: the agent's history comes back (swapped in where the budget has
         room_tokens() left, or prefilled again with the result) and the result is queued for prefill."""
         for a in agents:
-            if a.state is not AgentState.TOOL or a.tool_ready_at is None or a.tool_ready_at > now_s:
+            if not a.due(now_s):
                 continue
             if a.residency is Residency.HOST:
                 self.parking.swap_in(a, room_tokens())
-            a.pending = a.pending + a.tool_pending
-            a.tool_pending, a.tool_ready_at = [], None
-            a.residency = Residency.CACHE  # its prefill (history, if dropped, then the result) refills the cells
-            a.state = AgentState.PREFILL
+            a.woken()
 
     def sampled(self, a: Agent, tok: int, seconds: float, agents: list[Agent]) -> None:
         """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
@@ -88,7 +84,7 @@ class BatchRunner:
                 return
         a.next_token = None
         source.end_turn(a, self.clock.after(seconds))
-        if a.state is AgentState.TOOL:
+        if a.waiting:
             self.parking.park(a, agents)
 
     def _idle(self, agents: list[Agent]) -> Ran:
@@ -106,15 +102,14 @@ class BatchRunner:
             n = min(plan.chunk, a.kept[0].at - a.context) if a.kept else plan.chunk  # up to the next kept chunk
             chunk = a.pending[:n]
             seconds = self.backend.prefill(a.seq, chunk, a.context)
-            a.history.extend(chunk)
-            del a.pending[:n]
+            a.prefilled(n)
             self._paste_due(a)
         except NoKVSlot:
             self.preempt(a)
             return Ran("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
-        a.last_served_step = step
+        a.served(step)
         if not a.pending:
-            a.state = AgentState.DECODE
+            a.ready()
             self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
         return Ran("prefill", [a], seconds, len(chunk), preempted)
 
@@ -123,8 +118,7 @@ class BatchRunner:
         while a.kept and a.kept[0].at == a.context:
             k = a.kept[0]
             seconds = self.backend.paste(a.seq, k.handle, k.at)
-            a.kept.pop(0)
-            a.history.extend(k.tokens)
+            a.pasted()
             self.moves.add(a, "paste", int(self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)),
                            seconds, a.context)
 
@@ -157,9 +151,6 @@ class BatchRunner:
                 if not batch:
                     return Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
         for a, fed, tok in zip(batch, sent, out, strict=True):
-            a.history.append(fed)
-            a.generated += 1
-            a.turn_generated += 1
-            a.last_served_step = step
+            a.decoded(fed, step)
             self.sampled(a, tok, seconds, agents)
         return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))

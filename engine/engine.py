@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import swarmtune
+from swarmtune.engine.agent import Agent, AgentState
 from swarmtune.engine.agent_source import AgentSource
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend
@@ -32,7 +33,7 @@ from swarmtune.engine.settings import (
 from swarmtune.engine.speedup import BatchOneReference
 from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.tune_events import TuneEvent
-from swarmtune.engine.workload import Agent, AgentState, Workload
+from swarmtune.engine.workload import Workload
 
 
 class TunerHook(Protocol):
@@ -257,7 +258,7 @@ class Engine:
     def _set_agents(self, n: int) -> None:
         while len(self.agents) > n:
             # a served agent waiting for its client goes first: one serving a request takes it with it
-            a = max(self.agents, key=lambda x: (x.state is AgentState.TOOL and x.waits_for == "client", x.id))
+            a = max(self.agents, key=lambda x: (x.state is AgentState.CLIENT, x.id))
             self.backend.drop(a.seq)
             self.agents.remove(a)
         next_id = max((a.id for a in self.agents), default=-1) + 1

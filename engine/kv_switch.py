@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from swarmtune.engine.agent import Agent, AgentState, Residency
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend, NoKVSlot
 from swarmtune.engine.batch_runner import BatchRunner, Ran
@@ -15,7 +16,6 @@ from swarmtune.engine.errors import Interrupted, UserError
 from swarmtune.engine.kv_convert import Unconvertible
 from swarmtune.engine.residency import MoveLog
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.workload import Agent, AgentState, Residency
 
 
 @dataclass
@@ -147,7 +147,7 @@ class KVSwitch:
         back = restore_histories(self.backend, agents, converted, budget, used_tokens)
         restored, restore_s, converted_tokens = back.ids, back.seconds, back.cached_tokens
         for a in agents:
-            if a.state is AgentState.TOOL and a.residency is Residency.HOST and a.id not in restored and kv != old:
+            if a.waiting and a.residency is Residency.HOST and a.id not in restored and kv != old:
                 a.evict()  # its saved rows are in the old cache's type: prefilled again when its tool returns
                 self.moves.add(a, "swap_discarded", 0, 0.0)
         live = [a for a in agents if a.state is not AgentState.PREEMPTED and a.residency is Residency.CACHE
@@ -186,10 +186,10 @@ class KVSwitch:
         try:
             for a in sorted(live, key=lambda x: x.id):
                 if used_tokens(agents) + len(a.pending) > budget:
-                    if a.state is AgentState.TOOL:
+                    if a.waiting:
                         a.evict()  # it waits for its tool; its history is prefilled on return
                     else:
-                        a.state = AgentState.PREEMPTED  # the smaller budget cannot hold it; readmitted later
+                        a.preempted()  # the smaller budget cannot hold it; readmitted later
                     preempted.append(a.id)
                     continue
                 while a.pending:
@@ -197,12 +197,11 @@ class KVSwitch:
                         raise Interrupted()
                     chunk = a.pending[: self.s.chunk_tokens]
                     seconds += self.backend.prefill(a.seq, chunk, a.context)
-                    a.history.extend(chunk)
-                    del a.pending[: len(chunk)]
+                    a.prefilled(len(chunk))
                     done += len(chunk)
                     progress("rebuild", done, total)
-                if a.state is not AgentState.TOOL:  # a waiting agent samples after its tool result
-                    a.state = AgentState.DECODE
+                if not a.waiting:  # a waiting agent samples after what it waits for
+                    a.ready()
                     self.runner.sampled(a, self.backend.first_token_after_prefill(a.seq), 0.0, agents)
         finally:
             self.backend.interrupt_with(None)

@@ -3,12 +3,12 @@ moved, what it cost in energy, and what the analysis makes of it (engine/analysi
 
 import time
 
+from swarmtune.engine.agent import Agent, AgentState
 from swarmtune.engine.analysis import StepAnalysis
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.power.meter import Meter
 from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.workload import Agent, AgentState
 
 
 class Recorder:
@@ -74,8 +74,6 @@ class Recorder:
                 state = "decoding" if a.id in self._decoding_ids else "waiting"
             else:
                 state = a.state.value
-            if a.state is AgentState.TOOL:
-                state = a.waits_for  # a tool call, or a client that has not sent its next request
             out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
                                  a.label, a.reused_tokens, a.miss))
         return out

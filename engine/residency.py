@@ -1,10 +1,10 @@
 """Where a waiting agent's history lives (the residency setting: kept in the KV cache, swapped out to host
 memory, or dropped) and how it comes back, with every move between them logged for the next record."""
 
+from swarmtune.engine.agent import Agent, Residency
 from swarmtune.engine.backend import Backend, NoKVSlot
 from swarmtune.engine.records import Move
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.workload import Agent, Residency
 
 
 class MoveLog:
@@ -49,7 +49,7 @@ class Parking:
         if self.s.residency == "swap":
             handle, nbytes, seconds = self.backend.save_seq(a.seq)
             self.backend.drop(a.seq)
-            a.swapped, a.residency = handle, Residency.HOST
+            a.swapped_out(handle)
             self.moves.add(a, "swap_out", nbytes, seconds)
             self._bound_swapped(agents)
             return
@@ -70,7 +70,7 @@ class Parking:
                 raise NoKVSlot()
             seconds = self.backend.restore_seq(a.seq, a.swapped)
             self.moves.add(a, "swap_in", getattr(a.swapped, "nbytes", 0), seconds)
-            a.swapped, a.residency = None, Residency.CACHE
+            a.swapped_in()
         except NoKVSlot:
             self.moves.add(a, "swap_in_refused", 0, 0.0)
             a.evict()

@@ -4,8 +4,8 @@ preemption when the KV budget cannot hold the step. Pure bookkeeping; it never t
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from swarmtune.engine.agent import Agent, AgentState
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.workload import Agent, AgentState
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Scheduler:
     def _victim_order(a: Agent) -> tuple[bool, int, int]:
         """Whom to free first when the budget is short: an agent waiting for a tool (it needs no cells
         until its tool returns), then the longest history."""
-        return (a.state is AgentState.TOOL, a.context, a.id)
+        return (a.waiting, a.context, a.id)
 
     def schedule(self, agents: list[Agent], step: int) -> Plan:
         used = self.used_tokens(agents)
@@ -68,7 +68,7 @@ class Scheduler:
         for a in sorted((a for a in agents if a.state is AgentState.PREEMPTED), key=lambda a: a.last_served_step):
             need = len(a.pending) + self.chunk_tokens
             if used + need <= self.kv_budget_tokens:
-                a.state = AgentState.PREFILL
+                a.readmitted()
                 used += len(a.pending)
 
     def _prefill(self, agents: list[Agent], filling: list[Agent], used: int) -> Plan | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from swarmtune.engine import cache_miss, chunk_reuse
+from swarmtune.engine.agent import TAIL_CHARS, Agent, AgentState, Residency
 from swarmtune.engine.agent_source import TrafficShape
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.cache_miss import CacheMiss
@@ -31,7 +32,6 @@ from swarmtune.engine.energy_share import joules_by_agent
 from swarmtune.engine.records import RequestRecord, StepRecord
 from swarmtune.engine.sampling import SamplingParams
 from swarmtune.engine.text_stream import TextStream
-from swarmtune.engine.workload import TAIL_CHARS, Agent, AgentState, Residency
 
 # A shared prefix shorter than this is prefilled. A copy between streams moves the whole stream, but cheaply:
 # measured on the default model (bench/prefix_copy.py, 2-core CPU, f16, 2,048 cells), the first token after
@@ -235,16 +235,13 @@ class ServedAgents:
             # burst would otherwise meet no free agent and get a 503 past max_queue alone
             self._agents.append(agent)
         self.backend.drop(agent.seq)
-        agent.history, agent.pending, agent.tool_pending = [], [], []
-        agent.next_token, agent.turn_generated, agent.turn_text = None, 0, ""
-        agent.residency, agent.swapped = Residency.CACHE, None
-        self._wait_for_client(agent)
+        agent.start([])
+        agent.wait_for_client()
         agent.label, agent.reused_tokens, agent.tail, agent.miss = "", None, "", ""
         self._keys.pop(agent.id, None)
         self._prompt_end.pop(agent.id, None)
         self._gap_s.pop(agent.id, None)
-        agent.tasks += 1
-        agent.turns = 0
+        agent.new_task()
 
     def seed_sampler(self, agent: Agent) -> None:
         req = self._active.get(agent.id)
@@ -287,10 +284,8 @@ class ServedAgents:
 
     def end_turn(self, agent: Agent, now_s: float) -> None:
         req = self._active.pop(agent.id, None)
-        agent.turns += 1
-        agent.turn_generated = 0
-        agent.turn_text = ""
-        self._wait_for_client(agent)
+        agent.turn_ended()
+        agent.wait_for_client()
         if req is None:
             return
         if req.cancelled:
@@ -314,8 +309,8 @@ class ServedAgents:
             del self._keys[aid]
         for a in agents:
             req = self._active.get(a.id)
-            if req is not None and req.cancelled and a.state is not AgentState.TOOL:
-                self._stop_midway(a)
+            if req is not None and req.cancelled and not a.waiting:
+                a.stopped_midway()
                 self.end_turn(a, now_s)
         with self._lock:
             waiting = list(self._queue)
@@ -340,7 +335,7 @@ class ServedAgents:
 
     # which agent a request continues
     def _idle(self, agents: list[Agent]) -> list[Agent]:
-        return [a for a in agents if a.id not in self._active and a.state is AgentState.TOOL
+        return [a for a in agents if a.id not in self._active and a.state is AgentState.CLIENT
                 and a.tool_ready_at is None and a.seq < self.backend.n_seqs]
 
     @staticmethod
@@ -433,10 +428,7 @@ class ServedAgents:
         self._prompt_end[a.id] = len(req.prompt)
         a.reused_tokens = req.cached_tokens
         a.miss = cache_miss.short(req.miss, req.shifted_tokens, req.prefilled_tokens) if req.miss else ""
-        a.kept = kept
-        a.tool_pending = self._to_prefill(req.prompt, len(self._known(a)), kept)
-        a.tool_ready_at = 0.0  # the runner's wake_tools brings its history back and queues the suffix
-        a.turn_generated, a.next_token, a.turn_text = 0, None, ""
+        a.client_returned(self._to_prefill(req.prompt, len(self._known(a)), kept), kept)
         self.backend.set_sampler(a.seq, req.params)
 
     def _why(self, a: Agent, held: list[int], keep: int, req: ServedRequest, dropped: bool) -> CacheMiss | None:
@@ -496,7 +488,7 @@ class ServedAgents:
         if not chunks:
             return []
         handles = self.backend.cut(a.seq, keep, chunks)
-        a.history = a.history[:keep]
+        a.truncated(keep)
         return [KeptChunk(c.prompt_at, tuple(req.prompt[c.prompt_at : c.prompt_at + c.tokens]), h)
                 for c, h in zip(chunks, handles, strict=False)]
 
@@ -518,10 +510,7 @@ class ServedAgents:
             a.evict()  # its saved state holds the whole history: prefilled again up to `keep`
         if a.residency is Residency.CACHE:
             self.backend.truncate(a.seq, keep)
-            a.history = a.history[:keep]
-            a.pending = []
-        else:
-            a.pending = a.pending[:keep]
+        a.rewound(keep)
 
     def _donors(self, a: Agent) -> list[Agent]:
         return [d for d in self._agents if d is not a and d.residency is Residency.CACHE and d.history
@@ -561,24 +550,11 @@ class ServedAgents:
             return []
         n = min(common_prefix(best.history, req.prompt), len(req.prompt) - 1)
         self.backend.copy(best.seq, a.seq)
-        a.history = list(best.history)
+        a.copied(best.history)
         kept = self._cut(a, n, req)
         self._rewind(a, n)
         req.copied_tokens, req.copied_from = n, best.id
         return kept
-
-    def _wait_for_client(self, a: Agent) -> None:
-        a.state = AgentState.TOOL
-        a.waits_for = "client"
-        a.tool_ready_at, a.tool_pending = None, []
-
-    def _stop_midway(self, a: Agent) -> None:
-        """Its client left while it prefilled or decoded: it keeps the cells it has, no more."""
-        a.next_token = None
-        if a.state is AgentState.PREEMPTED:
-            a.residency = Residency.NONE  # its history waits in `pending`, as a dropped one's does
-        else:
-            a.pending = []
 
     def _requeue(self, req: ServedRequest) -> None:
         """Its agent is gone: the request goes on from where it was, on another agent, at the queue's head:

@@ -10,12 +10,10 @@ import math
 import random
 import sysconfig
 import time
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
+from swarmtune.engine.agent import TAIL_CHARS, Agent
 from swarmtune.engine.backend import Backend
-from swarmtune.engine.chunk_reuse import KeptChunk, unfold
 from swarmtune.engine.records import StepRecord
 
 SYSTEM_PROMPT = (
@@ -32,81 +30,6 @@ TASKS = (
     "Port the deprecated calls in {mod} to their current replacements.",
     "Review the error handling in {mod}: which exceptions can escape to the caller?",
 )
-
-
-TAIL_CHARS = 48  # the tail of its text an agent shows
-
-class AgentState(Enum):
-    PREFILL = "prefilling"  # has tokens waiting to be ingested
-    DECODE = "decoding"  # ready to generate (it shows as "waiting" when a step leaves it out)
-    PREEMPTED = "preempted"  # cache freed; its whole history must be prefilled again
-    TOOL = "tool"  # waiting for its tool call to return: out of the batch, its history wherever residency put it
-
-
-class Residency(Enum):
-    CACHE = "cache"  # its history's cells are in the KV cache
-    HOST = "host"  # swapped out: its sequence state is in host memory, restored without a re-prefill
-    NONE = "none"  # dropped: its history waits in `pending`, to be prefilled again
-
-
-@dataclass
-class Agent:
-    id: int
-    seq: int  # its sequence id (KV stream) in the backend
-    limit: int  # context limit, tokens
-    history: list[int] = field(default_factory=list)  # every token in its cache, in order
-    pending: list[int] = field(default_factory=list)  # tokens to ingest before it can generate
-    state: AgentState = AgentState.PREFILL
-    next_token: int | None = None  # sampled, not yet in the cache
-    turn_generated: int = 0
-    generated: int = 0
-    turns: int = 0
-    tasks: int = 0
-    last_served_step: int = -1
-    tail: str = ""
-    messages: list[dict[str, str]] = field(default_factory=list)
-    turn_text: str = ""
-    tool_ready_at: float | None = None  # when its tool call returns (the engine's clock), while in TOOL
-    tool_pending: list[int] = field(default_factory=list)  # the tool result, ingested once it returns
-    residency: Residency = Residency.CACHE
-    swapped: object | None = None  # its sequence state in host memory (the backend's opaque handle)
-    waits_for: str = "tool"  # what it waits for in TOOL: a tool call, or (a served agent) its client
-    label: str = ""  # a served agent: its conversation's key
-    reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
-    miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short
-    kept: list[KeptChunk] = field(default_factory=list)  # cut from its cells, put back as its prefill reaches them
-
-    @property
-    def context(self) -> int:
-        return len(self.history)
-
-    @property
-    def cached_tokens(self) -> int:
-        """Tokens it holds in the KV cache now: none while preempted, swapped out or dropped."""
-        if self.state is AgentState.PREEMPTED or self.residency is not Residency.CACHE:
-            return 0
-        return len(self.history)
-
-    def fold_kept(self) -> None:
-        """Its kept chunks are prefilled instead: its cells are gone, or in another cache type."""
-        if self.kept:
-            self.pending = unfold(len(self.history), self.pending, self.kept)
-            self.kept = []
-
-    def evict(self) -> None:
-        """Its cells are gone while it waits for a tool: its history will be prefilled again on return."""
-        self.fold_kept()
-        self.pending = self.history + self.pending
-        self.history = []
-        self.residency = Residency.NONE
-        self.swapped = None
-
-    def requeue(self) -> None:
-        """Its cache is gone: everything it held (and its sampled next token) must be prefilled again."""
-        self.fold_kept()
-        self.pending = self.history + self.pending + ([self.next_token] if self.next_token is not None else [])
-        self.history = []
-        self.next_token = None
 
 
 @functools.cache
@@ -135,8 +58,7 @@ class Workload:
         return self.gen_tokens + self.tool_tokens + 64
 
     def start_task(self, agent: Agent) -> None:
-        agent.tasks += 1
-        agent.turns = 0
+        agent.new_task()
         r = self.rng(agent, 0)
         mod = r.choice(self.sources).stem if self.sources else "json"
         agent.messages = [
@@ -144,14 +66,7 @@ class Workload:
             {"role": "user", "content": r.choice(TASKS).format(mod=f"{mod}.py")},
         ]
         self.backend.drop(agent.seq)  # the old task's cache goes
-        agent.history = []
-        agent.pending = self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True))
-        agent.state = AgentState.PREFILL
-        agent.next_token = None
-        agent.turn_generated = 0
-        agent.turn_text = ""
-        agent.tool_ready_at, agent.tool_pending = None, []
-        agent.residency, agent.swapped = Residency.CACHE, None
+        agent.start(self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True)))
         self.seed_sampler(agent)
 
     def seed_sampler(self, agent: Agent) -> None:
@@ -201,11 +116,12 @@ class Workload:
     def end_turn(self, agent: Agent, now_s: float = 0.0) -> None:
         """After generating: the agent calls a tool, whose result arrives after the tool's latency (at
         once without one), or, near the limit, a fresh task begins. now_s: the engine's clock."""
-        agent.turns += 1
+        text = agent.turn_text
+        agent.turn_ended()
         if agent.context + self.turn_budget() > agent.limit:
             self.start_task(agent)
             return
-        agent.messages.append({"role": "assistant", "content": agent.turn_text})
+        agent.messages.append({"role": "assistant", "content": text})
         before = self.backend.chat(agent.messages, add_assistant=False)
         tool = self.tool_result(agent)
         tool_ids = self.backend.tokenize(tool)[: self.tool_tokens]
@@ -213,14 +129,8 @@ class Workload:
         agent.messages.append({"role": "user", "content": "Tool result:\n" + tool})
         after = self.backend.chat(agent.messages, add_assistant=True)
         delta = after[len(before) :] if after.startswith(before) else after
-        agent.turn_generated = 0
         wait_s = self.tool_latency(agent)
         if wait_s > 0:
-            agent.tool_pending = self.backend.tokenize(delta)
-            agent.tool_ready_at = now_s + wait_s
-            agent.state = AgentState.TOOL
+            agent.wait_for_tool(self.backend.tokenize(delta), now_s + wait_s)
         else:
-            agent.pending = self.backend.tokenize(delta)
-            agent.state = AgentState.PREFILL
-        agent.turn_text = ""
-        agent.next_token = None
+            agent.prefill_next(self.backend.tokenize(delta))

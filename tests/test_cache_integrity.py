@@ -8,10 +8,10 @@ logits, which a cache of the right length but the wrong content would fail."""
 import numpy as np
 import pytest
 
+from swarmtune.engine.agent import AgentState
 from swarmtune.engine.backend import CacheMismatch
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.workload import AgentState
 
 pytestmark = pytest.mark.model
 

@@ -2,6 +2,7 @@
 on the sim backend: the first position it did not reuse, the text there and the cause in words; its
 steps' seconds and its share of their energy."""
 
+from swarmtune.engine.agent import Residency
 from swarmtune.engine.cache_miss import diverged
 from swarmtune.engine.energy_share import joules_by_agent
 from swarmtune.engine.engine import Engine
@@ -11,7 +12,6 @@ from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.engine.served import ServedAgents, common_prefix
 from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.workload import Residency
 from tests.conftest import SIM
 from tests.test_served import ask, make, run, toks
 

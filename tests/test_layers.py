@@ -50,7 +50,7 @@ def test_no_module_above_the_core_writes_an_agents_field():
     import ast
     import dataclasses
 
-    from swarmtune.engine.workload import Agent
+    from swarmtune.engine.agent import Agent
 
     fields = {f.name for f in dataclasses.fields(Agent)} - {"id"}
     files = [p for top in ABOVE_THE_CORE for p in ([ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py"))]
@@ -66,5 +66,27 @@ def test_no_module_above_the_core_writes_an_agents_field():
                 for x in ast.walk(t):
                     if isinstance(x, ast.Attribute) and x.attr in fields and \
                             not (isinstance(x.value, ast.Name) and x.value.id == "self"):
+                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(x)}")
+    assert not writes, writes
+
+
+def test_only_the_agent_changes_its_state():
+    """An agent's state, its residency and what it waits for change only through its transitions
+    (engine/agent.py): no other module assigns them."""
+    import ast
+
+    owned = {"state", "residency", "tool_ready_at", "tool_pending"}
+    writes = []
+    for path in (ROOT / "engine").rglob("*.py"):
+        if path.name == "agent.py" and path.parent.name == "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            for t in targets:
+                for x in ast.walk(t):
+                    # `self.s.residency` is the setting, not an agent's
+                    if isinstance(x, ast.Attribute) and x.attr in owned and \
+                            not (isinstance(x.value, ast.Attribute) and x.value.attr == "s"):
                         writes.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(x)}")
     assert not writes, writes
