@@ -113,7 +113,6 @@ class Engine:
         self.parking = Parking(backend, self.s, self.moves)
         self.runner = BatchRunner(backend, self.s, self.workload, self.clock, self.analysis, self.moves, self.parking)
         self.switch = KVSwitch(backend, self.s, self.analysis, self.moves, self.runner)
-        self.refused_kv: set[str] = set()  # KV types this build could not make
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
     # setup
@@ -249,8 +248,6 @@ class Engine:
             return None
         ran = self.switch.rebuild(rebuild_to or self.s.kv, self.slots, self.agents, self.budget_tokens,
                                   self.scheduler.used_tokens, self.should_stop, self.progress)
-        if ran.refused_kv is not None:
-            self.refused_kv.add(ran.refused_kv)  # the tuner does not ask for it again
         if rebuild_to is not None:
             self.pending.applied(Control(kv=rebuild_to))  # done, or refused: either way no longer pending
         return ran
@@ -336,7 +333,7 @@ class Engine:
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens = ran.reference, ran.converted_tokens
+        rec.reference, rec.converted_tokens, rec.refused_kv = ran.reference, ran.converted_tokens, ran.refused_kv
         self.step_index += 1
         return rec
 

@@ -101,6 +101,7 @@ class StepRecord:
     moved: list[Move] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
     converted_tokens: int = 0  # kind "rebuild": cached tokens converted to the new KV type, not prefilled again
+    refused_kv: str | None = None  # kind "rebuild": a KV type this build could not make (the old one kept)
     # kind "tune": the tuner's decision or its outcome (engine/tune/): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
     tune: TuneEvent | None = None

@@ -138,6 +138,7 @@ def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatc
     sim_engine.request(Control(kv="q4_0"))
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.kv_type == "f16" and "q4_0 refused" in r.note
+    assert r.refused_kv == "q4_0"  # the tuner learns it from the record: no candidate after this
     assert sim_engine.state().kv == "f16"
     for _ in range(20):
         r = sim_engine.step()

@@ -33,9 +33,14 @@ class Measured:
         self.probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
         self.convert: list[tuple[int, float]] = []  # (bytes, seconds) of measured KV conversions
         self.switches: list[tuple[float, float]] = []  # (cached tokens, seconds) of the tuner's KV switches
+        # KV types this build could not make (a rebuild's record, or a probe): no candidates
+        self.refused: set[str] = set()
 
     def learn(self, rec: StepRecord) -> None:
-        """A measured step's prefill chunk and moves join what is known of this machine."""
+        """A measured step's prefill chunk and moves join what is known of this machine; a KV type a rebuild
+        could not make, what this build refuses."""
+        if rec.refused_kv is not None:
+            self.refused.add(rec.refused_kv)
         if rec.source != "measured":
             return
         if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens and rec.batch_ids:
@@ -73,7 +78,7 @@ class Measured:
             except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
                 self.probes[k] = None
                 if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
-                    engine.refused_kv.add(k)
+                    self.refused.add(k)
                 out.append(Probed(kv=k, base_kv=base_kv, error=str(e),
                                   why=f"tune: KV {k} could not be timed in a side cache ({e}); "
                                       + ("it is no candidate" if isinstance(e, UserError) else

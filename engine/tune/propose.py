@@ -46,7 +46,7 @@ class Proposer:
         out = [replace(cur, batch_cap=c) for c in caps]
         out += [replace(cur, kv=k) for k in kvs]
         out += [replace(cur, residency=r) for r in RESIDENCY if r != cur.residency]
-        out = [c for c in out if c.kv not in engine.refused_kv]
+        out = [c for c in out if c.kv not in self.fc.measured.refused]
         ctx = [a.context for a in engine.agents]
         mean_ctx = mean_context(ctx)
         if self.goal.kv_quality is not None and (ledger := quality_ledger(engine)) is not None:
