@@ -3,6 +3,7 @@ reference a measured speedup divides by, and the energy ledger. The engine says 
 unit annotates it, one fit and one reference per KV cache type (the step time depends on it)."""
 
 import copy
+from collections.abc import Callable
 
 from swarmtune.engine.bytes_model import StepRead
 from swarmtune.engine.model_facts import ModelFacts
@@ -21,7 +22,7 @@ REFERENCE_WARM_SAMPLES = 6
 
 
 class StepAnalysis:
-    def __init__(self, facts: ModelFacts, source: str, watts_at) -> None:
+    def __init__(self, facts: ModelFacts, source: str, watts_at: Callable[[int], float] | None) -> None:
         self.bytes_model = facts.bytes_model
         self.watts_at = watts_at  # a modeled meter's watts per batch; None for a sensor
         self.how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "

@@ -4,6 +4,7 @@ Only what maps is printed; what has no counterpart says so, rather than a near-m
 change something else."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.kv_types import kv_pair
@@ -20,7 +21,7 @@ class EngineFlags:
     flags: list[str]
     notes: list[str]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "flags": self.flags, "command": " ".join(self.flags), "notes": self.notes}
 
 

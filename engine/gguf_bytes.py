@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.gguf_header import GGUFHeader
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ ROW_READ_TENSORS = ("token_embd.weight", "per_layer_token_embd.weight")
 F32_BYTES = 4  # llama.cpp keeps recurrent state in f32 (GGML_TYPE_F32 r and s in llama-model.cpp create_memory)
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
 
@@ -76,7 +77,7 @@ def _set_swa_pattern(n_layer: int, pattern: int, dense_first: bool) -> list[bool
     return [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layer)]
 
 
-def swa_layers(reader, arch: str, n_layer: int, recurrent: list[bool]) -> tuple[list[bool], int]:
+def swa_layers(reader: GGUFHeader, arch: str, n_layer: int, recurrent: list[bool]) -> tuple[list[bool], int]:
     """Which layers slide, and the window, as llama.cpp decides for this architecture."""
     window = int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
     pattern_key = _field(reader, f"{arch}.attention.sliding_window_pattern")
@@ -102,7 +103,7 @@ def swa_layers(reader, arch: str, n_layer: int, recurrent: list[bool]) -> tuple[
     return _set_swa_pattern(n_layer, pattern, rule.dense_first), window
 
 
-def recurrent_layers(reader, arch: str, n_layer: int, head_kv: list[int], n_ff: list[int]) -> list[bool]:
+def recurrent_layers(reader: GGUFHeader, arch: str, n_layer: int, head_kv: list[int], n_ff: list[int]) -> list[bool]:
     if arch in PURE_RECURRENT or arch in RECURRENT_AND_ATTENTION:
         return [True] * n_layer
     if arch in RECURRENT_WHERE_NO_KV_HEADS:
@@ -129,9 +130,11 @@ def attention_layers(arch: str, recurrent: list[bool], head_kv: list[int], n_ff:
     return [not r and h > 0 for r, h in zip(recurrent, head_kv, strict=True)]
 
 
-def state_bytes_per_layer(reader, arch: str, n_embd: int, n_head: int) -> int:
+def state_bytes_per_layer(reader: GGUFHeader, arch: str, n_embd: int, n_head: int) -> int:
     """One sequence's r (conv / token shift) and s (state) rows in one recurrent layer: llama_hparams::n_embd_r/_s."""
-    g = lambda key, d=0: int(_field(reader, f"{arch}.{key}", d) or d)  # noqa: E731
+    def g(key: str, d: int = 0) -> int:
+        return int(_field(reader, f"{arch}.{key}", d) or d)
+
     wkv = g("wkv.head_size")
     if wkv:  # RWKV
         r, s = g("token_shift_count", 2) * n_embd, n_embd * wkv
@@ -158,7 +161,7 @@ def _layer_of(name: str) -> int | None:
         return None
 
 
-def bytes_model_from_gguf(reader, arch: str, n_layer_all: int, n_embd: int, n_head_per_layer: list[int],
+def bytes_model_from_gguf(reader: GGUFHeader, arch: str, n_layer_all: int, n_embd: int, n_head_per_layer: list[int],
                           head_kv: list[int], source: str) -> ByteModel:
     n_layer = n_layer_all - int(_field(reader, f"{arch}.nextn_predict_layers", 0) or 0)  # MTP heads: not run per step
     head_kv, n_head_per_layer = head_kv[:n_layer], n_head_per_layer[:n_layer]

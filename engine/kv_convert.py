@@ -96,13 +96,14 @@ class _Ggml:
         lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
 
     def traits(self, t: int) -> "_Ggml.Traits":
-        return self.lib.ggml_get_type_traits(t).contents
+        traits: _Ggml.Traits = self.lib.ggml_get_type_traits(t).contents
+        return traits
 
     def values_per_row(self, t: int, row_bytes: int) -> int:
         tr = self.traits(t)
         if row_bytes % tr.type_size:
             raise Unconvertible(f"a row of {row_bytes} bytes is no whole number of {tr.type_name.decode()} blocks")
-        return row_bytes // tr.type_size * tr.blck_size
+        return int(row_bytes // tr.type_size * tr.blck_size)
 
     def to_f32(self, t: int, src_ptr: int, n: int, out: np.ndarray) -> None:
         if t == 0:  # GGML_TYPE_F32
@@ -120,8 +121,8 @@ class _Ggml:
         fn = self.cpu.ggml_get_type_traits_cpu(t).contents.from_float if self.cpu is not None else None
         if fn:
             self.FromFloat(fn)(src.ctypes.data, dst_ptr, src.size)
-            return rows * self.lib.ggml_row_size(t, per_row)
-        return self.lib.ggml_quantize_chunk(t, src.ctypes.data, dst_ptr, 0, rows, per_row, None)
+            return rows * int(self.lib.ggml_row_size(t, per_row))
+        return int(self.lib.ggml_quantize_chunk(t, src.ctypes.data, dst_ptr, 0, rows, per_row, None))
 
 
 @cache
@@ -149,7 +150,7 @@ def parse(state: bytes | memoryview, n_layer: int) -> _Layout:
             raise Unconvertible("the state ends inside a field")
         (v,) = struct.unpack_from("<I", mv, o)
         o += 4
-        return v
+        return int(v)
 
     if u32() != STATE_MAGIC:
         raise Unconvertible("not a llama.cpp sequence state (its magic differs)")
@@ -209,7 +210,8 @@ def hadamard(n: int) -> np.ndarray:
     h = np.ones((1, 1), dtype=np.float32)
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(np.float32)
+    out: np.ndarray = (h / np.sqrt(n)).astype(np.float32)
+    return out
 
 
 def convert(state: bytes | memoryview, n_layer: int, to_kv: str, threads: int = 2,

@@ -16,6 +16,7 @@ are, and they let the tuner's first look come before the swarm has prefilled any
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.probe import filler_tokens, time_decode
@@ -78,7 +79,7 @@ class KvProbe:
         return Fit(tuple((b, g * fixed) for b, g in fit.knots), fit.per_kv_token_seconds * per_token,
                    fit.rms_relative_error, 0, None, 0, fit.per_longest_token_seconds * per_token)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         fixed, per_token = self.ratios
         return {"kv": self.kv, "base_kv": self.base_kv, "batch": self.batch, "contexts": list(self.contexts),
                 "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},

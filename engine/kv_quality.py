@@ -14,10 +14,10 @@ tokens of history: the band [n_ctx / 2, n_ctx - 1)), the last one left out as ll
 Reference log-probabilities below LOG_P_FLOOR are left out of the sum, as there.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class Scorer(Protocol):
 class ScoringBackend(Protocol):
     """What the measure needs of a backend (engine/llama_backend.py's LlamaBackend)."""
 
-    def scorer(self, kv: str, n_ctx: int): ...  # a context manager yielding a Scorer
+    def scorer(self, kv: str, n_ctx: int) -> AbstractContextManager[Scorer]: ...
 
     def special_text(self, which: str) -> str: ...
 
@@ -69,7 +69,7 @@ class BandFigures:
             self.p99_kl = float(np.percentile(k, 99))
             self.top1_same = self.same / self.positions
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"setting": self.setting, "band": list(self.band), "positions": self.positions,
                 "mean_kl": self.mean_kl, "p99_kl": self.p99_kl, "top1_same": self.top1_same,
                 "source": self.source if self.positions >= MIN_POSITIONS else
@@ -99,7 +99,8 @@ def kl_and_top1(ref: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    out: np.ndarray = x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    return out
 
 
 def windows(tokens: Sequence[int], n_ctx: int, bos: int | None, limit: int | None = None) -> Iterator[list[int]]:
@@ -131,7 +132,7 @@ def check_contexts(contexts: Iterable[int]) -> list[int]:
 
 def measure(backend: ScoringBackend, documents: Sequence[Sequence[int]], settings: Sequence[str],
             contexts: Sequence[int], bos: int | None, max_windows: int | None = None,
-            progress=None) -> list[BandFigures]:
+            progress: Callable[[int], None] | None = None) -> list[BandFigures]:
     """Every setting at every context length over the documents' windows, against the f16/f16 reference:
     a BandFigures per (setting, context). The reference's logits for a window are computed once and
     compared with each setting's."""

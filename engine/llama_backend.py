@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -33,8 +34,7 @@ _log_kept = 0  # lines kept since the start (a mark for "the lines since ...")
 _log_lock = threading.Lock()
 
 
-@ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _log_lines_kept(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp chatters on stderr; keep its lines (the KV size check reads them) and print none.
     line = text.decode("utf-8", errors="replace")
     # Keep warnings, errors and buffer sizes; the per-tensor graph chatter would crowd them out.
@@ -47,6 +47,7 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         del _log_lines[:-400]
 
 
+_log_callback = ll.llama_log_callback(_log_lines_kept)  # kept referenced: llama.cpp holds only the pointer
 ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
 ll.llama_backend_init()
 
@@ -144,7 +145,7 @@ class LlamaBackend:
                       "swa_full": False, "moe_routing": "measured" if self.routing else "modeled"},
         )
 
-    def _pick_template(self, model, architecture: str) -> tuple[bytes | None, str]:
+    def _pick_template(self, model: Any, architecture: str) -> tuple[bytes | None, str]:
         """The file's own template; else llama.cpp's built-in one for the model's family; ChatML last.
         Returns (what llama_chat_apply_template takes, or None for ChatML; how the header names it)."""
         own = ll.llama_model_chat_template(model, None)
@@ -166,7 +167,7 @@ class LlamaBackend:
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
     # the cache
-    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int, outputs: bool = False):
+    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
         """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
         or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
         t = kv_pair(kv)
@@ -389,14 +390,14 @@ class LlamaBackend:
         tok = ll.llama_sampler_sample(self._samplers[seq], self.ctx, row)
         g = self._grammars.get(seq)
         if g is None:
-            return tok
+            return int(tok)
         one = self._one
         one.id, one.logit, one.p = tok, 1.0, 0.0
         self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
         ll.llama_sampler_apply(g, ctypes.byref(self._one_arr))
         if one.logit != -math.inf:
             ll.llama_sampler_accept(g, tok)
-            return tok
+            return int(tok)
         full = self._full
         full["id"] = self._ids
         full["logit"] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
@@ -647,7 +648,7 @@ class Scorer:
     """One sequence in its own context: a window of tokens in, the logits of its positions from `first` on
     out (a row per position, float32), teacher-forced, as llama-perplexity computes them."""
 
-    def __init__(self, ctx, n_vocab: int, n_batch: int) -> None:
+    def __init__(self, ctx: Any, n_vocab: int, n_batch: int) -> None:
         self.ctx, self.n_vocab, self.n_batch = ctx, n_vocab, n_batch
         self.mem = ll.llama_get_memory(ctx)
         self.n_ctx = ll.llama_n_ctx(ctx)
@@ -762,7 +763,7 @@ class _Kept:
 
 @dataclass(frozen=True)
 class _SavedSeq:
-    data: ctypes.Array  # host memory
+    data: "ctypes.Array[ctypes.c_uint8]"  # host memory
     nbytes: int
     kv: str
     rot: tuple[bool, ...] | None = None  # converted: the (K, V) rotation its rows are in
@@ -800,7 +801,7 @@ _FAMILY_TEMPLATES = {
 }
 
 
-def builtin_template_name(architecture: str, has_token) -> str | None:
+def builtin_template_name(architecture: str, has_token: Callable[[str], bool]) -> str | None:
     """The name of llama.cpp's built-in template for this family. The `llama` architecture covers
     Llama 2, Llama 3 and Mistral, told apart by their special tokens."""
     if architecture == "llama":
@@ -817,7 +818,7 @@ def _applies(template: bytes) -> bool:
     msg = (ll.llama_chat_message * 1)()
     msg[0].role, msg[0].content = b"user", b"hi"
     buf = ctypes.create_string_buffer(256)
-    return ll.llama_chat_apply_template(template, msg, 1, True, buf, 256) >= 0
+    return bool(ll.llama_chat_apply_template(template, msg, 1, True, buf, 256) >= 0)
 
 
 def _chatml(messages: list[dict[str, str]], add_assistant: bool) -> str:

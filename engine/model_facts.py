@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class ModelFacts:
         return int(round(self.bytes_model.weight_bytes(batch)))
 
 
-def _field(reader, key: str, default=None):
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     if f is None:
         return default

@@ -7,6 +7,7 @@ counter asks only while `active` (decode steps), and answers the other nodes as 
 """
 
 import ctypes
+from typing import Any
 
 TOPK_PREFIX = b"ffn_moe_topk-"
 GGML_MAX_DIMS = 4
@@ -41,7 +42,7 @@ _NAME_OFFSET = GgmlTensor.name.offset
 _PREFIX_LEN = len(TOPK_PREFIX)
 
 
-def _ggml_lib():
+def _ggml_lib() -> Any:
     """libggml as llama-cpp-python loads it (the tensor reads go through it, so a GPU buffer works too)."""
     from llama_cpp._ggml import libggml
 

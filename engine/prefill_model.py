@@ -11,6 +11,7 @@ run are most of its prefill, and a KV switch re-prefills whole histories, so a f
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class PrefillFit:
         per-token cost of the weights as it was."""
         return PrefillFit(self.per_token_seconds, self.per_token_position_seconds * factor, self.samples)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {"per_token_seconds": self.per_token_seconds,
                 "per_token_position_seconds": self.per_token_position_seconds, "samples": self.samples}
 

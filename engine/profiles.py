@@ -7,6 +7,7 @@ W(B) = W and K(L) = L k for a dense model), its power floor + per-agent watts.
 
 import functools
 from dataclasses import dataclass, replace
+from typing import Any
 
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
@@ -167,7 +168,7 @@ def profile(name: str) -> Profile:
         raise UserError(f"unknown profile {name!r}; 'swarmtune profiles' lists them: {', '.join(PROFILES)}") from None
 
 
-def misstated(p: Profile, true: dict) -> Profile:
+def misstated(p: Profile, true: dict[str, Any]) -> Profile:
     """The card as it is where its profile p (what a tuner forecasts with) mis-states it: `true` scales its
     bandwidth and compute (`{"bandwidth": 0.7}`: 30% below p) and sets what reading a KV type's bytes costs
     (`{"kv_cost": {"q8_0": 2.5}}`). The bench's and the tests' mis-stated cards (simulated)."""

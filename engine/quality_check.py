@@ -32,14 +32,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from swarmtune.engine.agent import Agent
 from swarmtune.engine.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
 from swarmtune.engine.kv_types import kv_pair
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune_events import QualityChecked, TuneEvent
+
+if TYPE_CHECKING:  # the engine takes the check as a value (engine.py's QualityHook); it never imports this
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.llama_backend import KeptLogits, LlamaBackend
 
 CHECK_POSITIONS = 64  # positions compared per check: two checks of one band reach MIN_POSITIONS
 MIN_HISTORY = 2 * CHECK_POSITIONS  # an agent with less history is not checked (too little context to mean much)
@@ -65,7 +70,7 @@ class QualityLedger:
 
     figures: dict[tuple[str, tuple[int, int]], BandFigures] = field(default_factory=dict)
 
-    def add(self, setting: str, band: tuple[int, int], kl, same) -> BandFigures:
+    def add(self, setting: str, band: tuple[int, int], kl: np.ndarray, same: np.ndarray) -> BandFigures:
         f = self.figures.setdefault((setting, band), BandFigures(setting, band))
         f.add(kl, same)
         f.close()
@@ -87,7 +92,7 @@ class QualityLedger:
         kl = self.mean_kl(setting, context)
         return None if kl is None else kl <= budget_kl
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         return [f.to_json() for f in self.figures.values()]
 
 
@@ -118,7 +123,7 @@ class QualityCheck:
         self._watch: _Watch | None = None
         self._sides = _SideContexts()
 
-    def enabled(self, engine) -> bool:
+    def enabled(self, engine: "Engine") -> bool:
         return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
 
     def expected_s(self, tokens: int) -> float | None:
@@ -130,7 +135,7 @@ class QualityCheck:
         done, seconds = self._prefill
         return tokens * seconds / done if done >= 256 and seconds > 0 else None
 
-    def due(self, engine, tokens: int) -> bool:
+    def due(self, engine: "Engine", tokens: int) -> bool:
         """A check fits: what it is expected to cost, on top of what the checks spent, within budget_share of
         the run so far (so the share holds after it, not only before)."""
         now = engine.now_s()
@@ -140,7 +145,7 @@ class QualityCheck:
     def close(self) -> None:
         self._sides.close()
 
-    def observe(self, engine, rec: StepRecord) -> list[TuneEvent]:
+    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]:
         if rec.kind == "prefill" and rec.seconds > 0:
             self._prefill[0] += rec.tokens
             self._prefill[1] += rec.seconds
@@ -156,13 +161,13 @@ class QualityCheck:
         if agent is None:
             return []
         if live == REFERENCE:  # two side contexts, now
-            return [self.check(engine.backend, setting, list(agent.history), agent_id=agent.id, n_ctx=agent.limit)]
+            return [self.check(_llama(engine), setting, list(agent.history), agent_id=agent.id, n_ctx=agent.limit)]
         # one side context, once the live cache has produced the positions to compare
         self._watch = _Watch(agent.id, agent.seq, live, engine.now_s())
-        engine.backend.keep_logits(agent.seq, CHECK_POSITIONS)
+        _llama(engine).keep_logits(agent.seq, CHECK_POSITIONS)
         return []
 
-    def _cost_tokens(self, agent, setting: str, live: str) -> int:
+    def _cost_tokens(self, agent: Agent, setting: str, live: str) -> int:
         """Tokens a check of this agent would compute: what its side contexts do not hold yet (the reference,
         up to the positions still to be decoded, while the swarm runs quantized; both while it runs f16)."""
         n = len(agent.history)
@@ -170,7 +175,7 @@ class QualityCheck:
             return n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)
         return sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
 
-    def _agent_to_check(self, engine, setting: str, live: str):
+    def _agent_to_check(self, engine: "Engine", setting: str, live: str) -> Agent | None:
         """The agent the side contexts hold, while its history still extends what they hold (a check of it
         computes only its new tokens); else the longest history whose check fits the budget now, so that a
         first check comes early, on a short history, and the next ones follow it as it grows."""
@@ -186,11 +191,11 @@ class QualityCheck:
                 return a
         return None
 
-    def _stop_watch(self, engine) -> None:
+    def _stop_watch(self, engine: "Engine") -> None:
         self._watch = None
-        engine.backend.keep_logits(None)
+        _llama(engine).keep_logits(None)
 
-    def _follow_watch(self, engine) -> list[TuneEvent]:
+    def _follow_watch(self, engine: "Engine") -> list[TuneEvent]:
         w = self._watch
         assert w is not None
         agent = next((a for a in engine.agents if a.id == w.agent_id), None)
@@ -199,16 +204,16 @@ class QualityCheck:
             self._stop_watch(engine)  # the agent left the cache, the live setting moved, or it went quiet
             return []
         history = agent.history
-        kept = [k for k in engine.backend.kept if kv_pair(k.kv).label == w.live]
+        kept = [k for k in _llama(engine).kept if kv_pair(k.kv).label == w.live]
         if any(k.pos >= len(history) or history[k.pos] != k.token for k in kept):
             self._stop_watch(engine)  # its history was replaced (a new task, a full context): start again
             return []
         if len(kept) < CHECK_POSITIONS:
             return []
         self._stop_watch(engine)
-        return [self.check(engine.backend, w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
+        return [self.check(_llama(engine), w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
 
-    def _candidate_to_check(self, engine) -> str | None:
+    def _candidate_to_check(self, engine: "Engine") -> str | None:
         """While the swarm runs f16: the next wanted setting short of a figure at the swarm's longest context."""
         context = max((len(a.history) for a in engine.agents), default=0)
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
@@ -216,8 +221,8 @@ class QualityCheck:
             return None
         return todo[self._next % len(todo)]
 
-    def check(self, backend, setting: str, history: list[int], agent_id: int = -1,
-              kept: list | None = None, n_ctx: int = 0) -> QualityChecked:
+    def check(self, backend: "LlamaBackend", setting: str, history: list[int], agent_id: int = -1,
+              kept: "list[KeptLogits] | None" = None, n_ctx: int = 0) -> QualityChecked:
         """Measure one setting on one history's last positions against f16/f16.
 
         With `kept` (LlamaBackend.KeptLogits of the live cache, quantized, at some of the history's
@@ -271,6 +276,12 @@ class QualityCheck:
                 f"against {REFERENCE}/{REFERENCE}: {how} ({wall:.2f} s, {computed} tokens computed); {what}")
 
 
+def _llama(engine: "Engine") -> "LlamaBackend":
+    """The engine's backend, which is llama.cpp's wherever the check runs (enabled() says so): it has side
+    contexts to score in and keeps the live cache's logits."""
+    return cast("LlamaBackend", engine.backend)
+
+
 class _SideContexts:
     """Side contexts held between checks, for one agent at a time: a check of its grown history computes
     only the tokens they do not hold yet (Scorer.reusable), a few hundred where the first computed them all."""
@@ -286,10 +297,10 @@ class _SideContexts:
         return 0 if sc is None else sc.reusable(history, len(history))
 
     @contextmanager
-    def scorer(self, backend, setting: str, agent_id: int, n_ctx: int) -> Iterator[Any]:
+    def scorer(self, backend: "LlamaBackend", setting: str, agent_id: int, n_ctx: int) -> Iterator[Any]:
         if agent_id < 0:  # a one-off: nothing to hold it for
-            with backend.scorer(setting, n_ctx) as sc:
-                yield sc
+            with backend.scorer(setting, n_ctx) as one:
+                yield one
             return
         if agent_id != self.agent_id:
             self.close()

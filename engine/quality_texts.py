@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from swarmtune.engine.backend import Backend
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.prompt import PromptRenderer
 from swarmtune.engine.workload import SYSTEM_PROMPT, TASKS, stdlib_sources
@@ -48,7 +49,7 @@ def read_transcript(path: str) -> list[list[dict[str, Any]] | list[int]]:
     return convs
 
 
-def conversation_documents(backend, convs: list[list[dict[str, Any]] | list[int]]) -> list[list[int]]:
+def conversation_documents(backend: Backend, convs: list[list[dict[str, Any]] | list[int]]) -> list[list[int]]:
     """Each conversation rendered with the model's chat template, as a served agent's prompt is (token
     lines as they are)."""
     renderer = PromptRenderer(backend)
@@ -61,7 +62,7 @@ def conversation_documents(backend, convs: list[list[dict[str, Any]] | list[int]
     return out
 
 
-def swarm_documents(backend, n: int, tokens_each: int, seed: int = 1) -> list[list[int]]:
+def swarm_documents(backend: Backend, n: int, tokens_each: int, seed: int = 1) -> list[list[int]]:
     """n histories like the synthetic agents': the system prompt, a task, and a tool result of Python source
     (the standard library's, as the swarm's tools return), at least tokens_each tokens each."""
     r = random.Random(seed)

@@ -79,7 +79,7 @@ class StepRecord:
     # the calibrated step-time model (engine/step_model.py): t = g(B) + c*sum(L), g piecewise linear through
     # {"knots": [[B, seconds]...], "per_kv_token_seconds", "rms_error" (in-sample), "median_error" (each step
     # predicted before it was learned), "checked", "samples"}; older recordings hold [a, b, c, rms]
-    fit: dict | list[float] | None = None
+    fit: dict[str, Any] | list[float] | None = None
     joules_per_token: float | None = None
     tokens_per_joule: float | None = None
     # one more agent in the batch: J/token now and with it (modeled from the step-time fit and the power model)

@@ -309,10 +309,10 @@ class SimBackend:
         return (0, n - 1) if n else (-1, -1)
 
 
-def _kv_cost(p, kv: str) -> float:
+def _kv_cost(p: Profile, kv: str) -> float:
     """The card's factor on a KV setting's read (Profile.kv_cost_factor): the setting's own where named, else
     K's and V's types' own, half each (a type not named costs 1)."""
-    named = dict(p.kv_cost_factor)
+    named: dict[str, float] = dict(p.kv_cost_factor)
     if kv in named:
         return named[kv]
     t = kv_pair(kv)

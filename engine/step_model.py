@@ -21,6 +21,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ class Fit:
                    self.median_error, self.checked, self.per_longest_token_seconds * factor, self.timed_tokens)
 
     @cached_property
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """As a record's `fit`: built once per refit, not once per step (every decode record carries it)."""
         return {"knots": [[b, g] for b, g in self.knots], "per_kv_token_seconds": self.per_kv_token_seconds,
                 "per_longest_token_seconds": self.per_longest_token_seconds,

@@ -5,10 +5,12 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from swarmtune.engine.backend import Backend
 from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.kv_types import kv_pair
+from swarmtune.engine.power.meter import Meter
 from swarmtune.engine.probe import fill, time_decode
 from swarmtune.engine.speedup import predicted_speedup
 from swarmtune.engine.step_model import Calibration
@@ -49,7 +51,7 @@ class SweepResult:
     fit_rms_relative_error: float | None
     copy_check: dict[str, float] | None = None
     fit_median_relative_error: float | None = None  # median |predicted / measured - 1| of step time over the grid
-    bytes_model: dict = field(default_factory=dict)  # ByteModel.to_dict(): what the predicted column assumes
+    bytes_model: dict[str, Any] = field(default_factory=dict)  # ByteModel.to_dict(): what the predicted column assumes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -83,7 +85,7 @@ def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | Non
 
 
 def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int], steps: int = 8,
-              check_copy: bool = False, meter=None,
+              check_copy: bool = False, meter: Meter | None = None,
               progress: Callable[[int, int], None] | None = None) -> SweepResult:
     batches = sorted(set(batches) | {1})
     facts = backend.facts

@@ -157,7 +157,7 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
     if schema is None:
         return JSON_GBNF
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return str(json_schema_to_gbnf(json.dumps(schema)))
     except Exception as e:
         raise UserError(f"response_format's schema cannot be enforced: {e}", field="response_format") from None
 

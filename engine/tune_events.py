@@ -18,11 +18,11 @@ class Setting:
     def label(self) -> str:
         return f"cap {self.batch_cap}, KV {self.kv}, {self.residency}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"batch_cap": self.batch_cap, "kv": self.kv, "residency": self.residency}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Setting":
+    def from_dict(cls, d: dict[str, Any]) -> "Setting":
         return cls(int(d["batch_cap"]), str(d["kv"]), str(d["residency"]))
 
 
@@ -49,7 +49,7 @@ class TuneEvent:
         return str(getattr(self, "why", ""))
 
 
-def _settings(d: dict) -> dict:
+def _settings(d: dict[str, Any]) -> dict[str, Any]:
     """A record's JSON with its settings as Settings and "from" as from_."""
     out = {("from_" if k == "from" else k): v for k, v in d.items() if k != "phase"}
     for k in ("from_", "to"):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.power.sampler import PowerSampler
 from swarmtune.engine.power.sensors import SENSORS, SensorError, open_sensor
+from swarmtune.engine.profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class NoMeter:
 CHOICES = ("auto", "none", "modeled", *SENSORS)
 
 
-def make_meter(choice: str, profile=None, root: str | None = None, interval_s: float = 0.1):
+def make_meter(choice: str, profile: Profile | None = None, root: str | None = None,
+               interval_s: float = 0.1) -> "Meter":
     """auto: the profile's model on the sim backend; else the first sensor that works, or n/a with why."""
     if choice not in CHOICES:
         raise UserError(f"unknown power source {choice!r}; choose one of {', '.join(CHOICES)}")

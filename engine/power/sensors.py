@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 DEFAULT_SYSFS = "/sys"
 
@@ -38,7 +38,7 @@ def _library_call(what: str, fn: Callable[[], T]) -> T:
         raise SensorError(f"{what} failed: {_reason(e)}") from None
 
 
-def _import(module: str, package: str):
+def _import(module: str, package: str) -> Any:
     """A sensor library, or a SensorError: not installed, or installed but failing to load (a missing .so)."""
     import importlib
 
@@ -165,7 +165,7 @@ class NvmlSensor:
         pynvml = _import("pynvml", "nvidia-ml-py (pynvml)")
         self.nvml = pynvml
 
-        def first_gpu():
+        def first_gpu() -> Any:
             pynvml.nvmlInit()
             if pynvml.nvmlDeviceGetCount() < 1:
                 raise SensorError("NVML found no GPU")
@@ -181,8 +181,9 @@ class NvmlSensor:
 
     def read(self) -> float:
         if self.kind == "energy":
-            return _library_call("NVML read", lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1e3
-        return _library_call("NVML read", lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle)) / 1e3
+            mj = _library_call("NVML read", lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
+            return float(mj) / 1e3
+        return float(_library_call("NVML read", lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle))) / 1e3
 
 
 class AmdGpuSensor:

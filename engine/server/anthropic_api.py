@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
+from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
 from swarmtune.engine.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
 
@@ -167,7 +167,7 @@ def _usage(fin: Finished) -> dict[str, Any]:
 
 
 def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
-    def plan(body: MessagesRequest | CountRequest):
+    def plan(body: MessagesRequest | CountRequest) -> ToolPlan:
         tc = body.tool_choice if isinstance(body, MessagesRequest) else None
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type, tc.name or "") if tc else "auto"
         if tc is not None and tc.type == "tool" and not tc.name:

@@ -150,12 +150,12 @@ class Bridge:
                              params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint,
                              system_tokens=getattr(prompt, "system_tokens", 0))
 
-    def submit(self, req: ServedRequest) -> asyncio.Queue:
+    def submit(self, req: ServedRequest) -> asyncio.Queue[Delta | Finished | Closed]:
         """Queue it; its events arrive on the returned queue. Raises Busy (the queue is full)."""
         if self.runner.error:
             raise BadRequest(f"the engine stopped: {self.runner.error}", status=503, code="engine_stopped")
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Delta | Finished | Closed] = asyncio.Queue()
 
         def emit(event: Delta | Finished | Closed) -> None:
             try:
@@ -168,7 +168,7 @@ class Bridge:
         return q
 
     async def collect(self, request: Request, req: ServedRequest,
-                      q: asyncio.Queue) -> tuple[str, Finished] | Closed | None:
+                      q: asyncio.Queue[Delta | Finished | Closed]) -> tuple[str, Finished] | Closed | None:
         """The whole reply; Closed if the server stops first; None if the client left first (then the
         request is cancelled)."""
         parts: list[str] = []
@@ -187,7 +187,8 @@ class Bridge:
             else:
                 return "".join(parts), ev
 
-    async def events(self, req: ServedRequest, q: asyncio.Queue) -> AsyncIterator[Delta | Finished | Closed]:
+    async def events(self, req: ServedRequest,
+                     q: asyncio.Queue[Delta | Finished | Closed]) -> AsyncIterator[Delta | Finished | Closed]:
         """The reply as it comes; the request is cancelled if the client leaves before its end."""
         done = False
         try:

@@ -16,10 +16,11 @@ else OpenAI's with swarmtune's "detail"), and names the flag that would allow it
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a prompt this large is far past any agent's context anyway
 MAX_CONTROL_BYTES = 64 * 1024  # a control body is a handful of fields
@@ -63,7 +64,7 @@ def error_response(path: str, status: int, message: str, code: str) -> JSONRespo
 
 
 class Guard:
-    def __init__(self, app: Any, policy: GuardPolicy) -> None:
+    def __init__(self, app: ASGIApp, policy: GuardPolicy) -> None:
         self.app = app
         self.policy = policy
 
@@ -105,12 +106,12 @@ class Guard:
         body = b"".join(chunks)
         replayed = False
 
-        async def replay() -> dict:
+        async def replay() -> dict[str, Any]:
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the disconnect, when it comes
+            return cast(dict[str, Any], await receive())  # after the body: the disconnect, when it comes
 
         return await self.app(scope, replay, send)
 

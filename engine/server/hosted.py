@@ -4,6 +4,7 @@ API feeds it the clients' requests. The dashboard's controls and the HTTP ones r
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -46,7 +47,7 @@ class HostedSource:
     def paused(self, value: bool) -> None:
         self.runner.paused = value
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         return self.runner.engine.header()
 
     def request(self, c: Control) -> EngineState:

@@ -1,7 +1,9 @@
 """Prometheus exposition: fresh metric families from the latest step at each scrape."""
 
+from collections.abc import Iterator
+
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from swarmtune.engine.records import RequestRecord
@@ -14,12 +16,12 @@ class EngineCollector(Collector):
     def __init__(self, runner: EngineRunner) -> None:
         self.runner = runner
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         run = self.runner
         r = run.latest_decode
         src = run.header.get("source", "") if run.header else ""
 
-        def gauge(name: str, doc: str, value: float | None):
+        def gauge(name: str, doc: str, value: float | None) -> Iterator[GaugeMetricFamily]:
             if value is not None:
                 g = GaugeMetricFamily(name, doc, labels=["source"])
                 g.add_metric([src], float(value))
@@ -79,7 +81,7 @@ class EngineCollector(Collector):
             yield g
 
 
-def _quality(run: EngineRunner):
+def _quality(run: EngineRunner) -> Iterator[GaugeMetricFamily]:
     """The live KV quality check's figures (engine/quality_check.py), per setting and context band."""
     ledger = getattr(run.engine.quality, "ledger", None)
     if ledger is None:
@@ -105,7 +107,7 @@ class ServedCollector(Collector):
     def __init__(self, served: ServedAgents) -> None:
         self.served = served
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for name, doc, value in (
                 ("swarmtune_requests_running", "requests an agent is serving", self.served.busy_agents),
                 ("swarmtune_requests_waiting", "requests queued for an agent", self.served.queued)):

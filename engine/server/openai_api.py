@@ -66,7 +66,7 @@ def closed_response(c: Closed) -> JSONResponse:
 
 
 async def whole_reply(bridge: Bridge, request: Request, req: ServedRequest,
-                      q: asyncio.Queue) -> tuple[str, Finished] | Response:
+                      q: asyncio.Queue[Delta | Finished | Closed]) -> tuple[str, Finished] | Response:
     """The whole reply, or what an OpenAI client gets instead: 503 if the server stops first, nothing (499)
     if the client left."""
     got = await bridge.collect(request, req, q)

@@ -6,6 +6,7 @@ one `--record` writes (docs/records.md); the id is the one its response carried,
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 
@@ -46,7 +47,7 @@ def add_request_routes(app: FastAPI, served: ServedAgents) -> None:
     @app.get("/v1/requests/{rid}", summary="one ended request's account: cells reused and how, why it missed, "
              "seconds, joules", responses={404: {"description": "unknown, not ended yet, or older than the last "
                                                                 f"{KEPT_RECORDS}"}})
-    async def request_account(rid: str) -> dict:
+    async def request_account(rid: str) -> dict[str, Any]:
         rec = ledger.get(rid)
         if rec is None:
             raise HTTPException(status_code=404, detail=f"no ended request {rid[:64]!r} (the server keeps the "

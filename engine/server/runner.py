@@ -13,6 +13,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.records import RecordWriter, StepRecord
@@ -27,7 +28,7 @@ DIED = -1  # the step index of the last item a step stream gets when the engine 
 @dataclass(eq=False)
 class Subscriber:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: asyncio.Queue[tuple[int, str]]
     dropped: int = 0
 
     def push(self, item: tuple[int, str]) -> None:
@@ -55,7 +56,7 @@ class EngineRunner:
         self.history: deque[tuple[int, str]] = deque(maxlen=history)
         self.latest: StepRecord | None = None
         self.latest_decode: StepRecord | None = None
-        self.header: dict = {}
+        self.header: dict[str, Any] = {}
         self.rolling = RollingRate()
         self.queue_size = queue_size
         self.error: str | None = None
@@ -95,7 +96,7 @@ class EngineRunner:
             if sink is not None:
                 sink.records(recs)
 
-        def header(h: dict) -> None:
+        def header(h: dict[str, Any]) -> None:
             self._started(h)
             if sink is not None:
                 sink.header(h)
@@ -125,7 +126,7 @@ class EngineRunner:
         if self.on_death is not None:
             self.on_death(msg)
 
-    def _started(self, header: dict) -> None:
+    def _started(self, header: dict[str, Any]) -> None:
         self.header = header
         if self.recorder is not None:
             self.recorder.open(header)

@@ -9,7 +9,10 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Query, Request
@@ -18,9 +21,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import swarmtune
-from swarmtune.engine.control import Control
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.served import ServedAgents
@@ -66,7 +70,7 @@ class Settings(BaseModel):
     paused: bool
 
 
-def _settings(st, paused: bool) -> Settings:
+def _settings(st: EngineState, paused: bool) -> Settings:
     return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, residency=st.residency,
                     autotune=st.autotune, paused=paused)
 
@@ -83,12 +87,12 @@ def is_loopback(host: str) -> bool:
 class BearerAuth:
     """Pure ASGI, so it guards the streaming endpoint and the OpenAPI routes alike."""
 
-    def __init__(self, app, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
         self.key = token.encode() if token else None
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
@@ -114,7 +118,7 @@ class ApiServer(uvicorn.Server):
         super().__init__(config)
         self.served = served
 
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.served is not None:
             self.served.close_all()
         await super().shutdown(sockets)
@@ -127,7 +131,7 @@ def _invalid(field: str, msg: str) -> JSONResponse:
 def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None,
              allow_hosts: tuple[str, ...] = (), allow_origins: tuple[str, ...] = ()) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not runner.running and not runner.ready.is_set():
             runner.start()
         yield
@@ -140,14 +144,14 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
     registry = make_registry(runner)
 
     @app.get("/v1/info", summary="the record header: model, W, k per cache type, settings")
-    async def info() -> dict:
+    async def info() -> dict[str, Any]:
         await asyncio.to_thread(runner.ready.wait, 120)
         if runner.error and not runner.header:
             raise HTTPException(status_code=503, detail=runner.error)
         return runner.header
 
     @app.get("/v1/state", summary="the latest step record and the settings in force")
-    async def state() -> dict:
+    async def state() -> dict[str, Any]:
         r = runner.latest
         st = runner.engine.state()
         return {
@@ -164,14 +168,14 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         last_event_id: str | None = Header(default=None, pattern=r"^[0-9]{1,12}$", description="resume after it"),
         from_step: int | None = Query(default=None, alias="from", ge=0, description="first step to send"),
         limit: int | None = Query(default=None, ge=1, le=100_000, description="close after this many events"),
-    ):
+    ) -> EventSourceResponse:
         start = from_step
         if start is None and last_event_id:
             start = int(last_event_id) + 1
         sub = runner.subscribe(asyncio.get_running_loop())
         backlog = runner.since(start) if start is not None else []
 
-        async def events():
+        async def events() -> AsyncIterator[dict[str, str]]:
             last, sent = (start - 1 if start is not None else -1), 0
             try:
                 for step, line in backlog:
@@ -205,7 +209,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
                          413: {"description": "the body is past 64 KiB"},
                          422: {"description": "a field is wrong: `detail` names it, as FastAPI does"},
                          503: {"description": "a pause that did not hold within 30 s (a long step in flight)"}})
-    async def control(request: Request):
+    async def control(request: Request) -> JSONResponse | Settings:
         # parsed here, not by FastAPI: the same checks as the chat routes' (depth, numbers, UTF-8), each a line
         try:
             body = ControlBody.model_validate(parse_json(await request.body()))
@@ -241,7 +245,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
 
     @app.get("/metrics", summary="Prometheus exposition", response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
-    async def metrics():
+    async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     if served is not None:

@@ -4,8 +4,10 @@ meaning is the same: a fleet dashboard charted for vLLM (its Grafana examples, l
 node as it reads a vLLM one. swarmtune's own names (engine/server/metrics.py) stay the reference; these
 mirror them, and nothing is here that is not there."""
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from swarmtune.engine.records import RequestRecord
@@ -20,7 +22,7 @@ class VllmGauges(Collector):
     def __init__(self, runner: EngineRunner, served: ServedAgents, model: str) -> None:
         self.runner, self.served, self.model = runner, served, model
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         run = self.runner
         values = [("vllm:num_requests_running", "requests an agent is serving", float(self.served.busy_agents)),
                   ("vllm:num_requests_waiting", "requests queued for an agent", float(self.served.queued))]

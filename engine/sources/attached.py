@@ -1,11 +1,11 @@
 """An engine people already run (llama-server, vLLM), polled, as a read-only source."""
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import EngineState
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.sources.backoff import Backoff
 from swarmtune.engine.sources.pollers import ForeignPoller
@@ -25,7 +25,7 @@ class ForeignSource:
         self.status = ""
         self.mode = f"READ-ONLY {poller.engine}"
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         return self.poller.header()
 
     def request(self, c: Control) -> EngineState:

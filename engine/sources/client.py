@@ -2,6 +2,7 @@
 
 import json
 from collections.abc import Iterator
+from typing import Any, cast
 
 import httpx
 from httpx_sse import connect_sse
@@ -16,10 +17,10 @@ class SwarmClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
-    def _get(self, path: str) -> dict:
+    def _get(self, path: str) -> dict[str, Any]:
         r = self.http.get(path)
         self._check(r)
-        return r.json()
+        return cast(dict[str, Any], r.json())
 
     @staticmethod
     def _check(r: httpx.Response) -> None:
@@ -33,16 +34,16 @@ class SwarmClient:
             raise UserError(str(detail))
         r.raise_for_status()
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return self._get("/v1/info")
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return self._get("/v1/state")
 
-    def control(self, **body) -> dict:
+    def control(self, **body: object) -> dict[str, Any]:
         r = self.http.post("/v1/control", json={k: v for k, v in body.items() if v is not None})
         self._check(r)
-        return r.json()
+        return cast(dict[str, Any], r.json())
 
     def steps(self, from_step: int | None = None, limit: int | None = None) -> Iterator[StepRecord]:
         params: dict[str, int] = {}

@@ -9,6 +9,7 @@ that holds one: a node that stops answering keeps its row, marked down at the fi
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 
@@ -101,7 +102,7 @@ class PrometheusFleet:
         self.kv_seen: dict[str, str] = {}
         self.down_since: dict[str, float] = {}  # wall clock of the first read that found each node down
 
-    def query(self, expr: str) -> list[dict]:
+    def query(self, expr: str) -> list[dict[str, Any]]:
         try:
             r = self.http.get("/api/v1/query", params={"query": expr})
         except httpx.HTTPError as e:
@@ -143,7 +144,8 @@ class PrometheusFleet:
         self.http.close()
 
 
-def nodes_from(now: list[dict], last_kv: list[dict], scraped_at: list[dict], at_s: float) -> tuple[NodeFigures, ...]:
+def nodes_from(now: list[dict[str, Any]], last_kv: list[dict[str, Any]], scraped_at: list[dict[str, Any]],
+               at_s: float) -> tuple[NodeFigures, ...]:
     """The nodes from the three queries' results (Prometheus's vector form: {metric: labels, value: [t, "v"]})."""
     figures: dict[str, dict[str, float]] = defaultdict(dict)
     kv_now: dict[str, str] = {}

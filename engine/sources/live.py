@@ -3,9 +3,10 @@ pace (unless the consumer wants the engine's full rate)."""
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import Engine, EngineState
+from swarmtune.engine.control import Control, EngineState
+from swarmtune.engine.engine import Engine
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.sources.driver import drive
 from swarmtune.engine.sources.protocol import Capabilities, Sink
@@ -37,7 +38,7 @@ class LiveSource:
         did not within timeout_s (a long rebuild, or no driver running)."""
         return self._held.wait(timeout_s)
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         return self.engine.header()
 
     def request(self, c: Control) -> EngineState:

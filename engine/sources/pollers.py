@@ -16,6 +16,7 @@ vLLM reports no per-request context: the mean is estimated from its KV cache use
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,7 +62,7 @@ class StepTiming:
         self.batch_sizes.add(batch)
         self.calibration.refit()
 
-    def speedup(self, batch: int, context_tokens: float) -> tuple[float | None, dict | None]:
+    def speedup(self, batch: int, context_tokens: float) -> tuple[float | None, dict[str, Any] | None]:
         """(calibrated speedup, fit) once two batch sizes were timed: with one, the fixed and per-agent
         costs cannot be told apart, and the speedup would be an artefact of the solver."""
         fit = self.calibration.fit
@@ -97,7 +98,7 @@ class ForeignPoller:
         """One record of what the engine did since the last poll."""
         raise NotImplementedError
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         kv = {"remote": self.k} if self.k else {}
         return {
             "model": {"name": self.model_name(), "path": self.url, "architecture": "remote"},
@@ -184,7 +185,7 @@ class SlotReading:
         return self.prompt_done_tokens + self.decoded
 
 
-def parse_slot(d: dict, index: int) -> SlotReading:
+def parse_slot(d: dict[str, Any], index: int) -> SlotReading:
     nt = d.get("next_token") or [{}]
     nt = nt[0] if isinstance(nt, list) and nt else (nt if isinstance(nt, dict) else {})
     decoded = int(nt.get("n_decoded", 0) or 0)
@@ -281,7 +282,7 @@ class LlamaServerPoller(ForeignPoller):
     engine = "llama-server"
     context_source = "measured:llama-server /slots (per-slot prompt and decoded counts)"
 
-    def __init__(self, *a, **kw) -> None:
+    def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._slots: dict[int, SlotReading] = {}
         self._generated: dict[int, int] = {}  # per slot since we attached: a rate that survives new tasks
@@ -410,7 +411,7 @@ class VllmPoller(ForeignPoller):
     engine = "vllm"
     context_source = "estimated:vllm kv_cache_usage_perc x (num_gpu_blocks x block_size) / running requests"
 
-    def __init__(self, *a, **kw) -> None:
+    def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._last: dict[str, float] | None = None
         self._limit = 0

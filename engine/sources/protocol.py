@@ -3,7 +3,7 @@ records handed to a sink from the source's own thread, controls where it has the
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.records import StepRecord
@@ -24,7 +24,7 @@ def _ignore(*args: object) -> None:
 class Sink:
     """Where a running source hands what it produces; each callback is called from the source's thread."""
     records: Callable[[list[StepRecord]], None]
-    header: Callable[[dict], None] = _ignore
+    header: Callable[[dict[str, Any]], None] = _ignore
     progress: Callable[[str, int, int], None] = _ignore  # what (e.g. "rebuild"), done, total
     seeked: Callable[[list[StepRecord]], None] = _ignore  # a seek: every record before the new position
     every_s: float = 0.0  # hand records over in batches at most this often (0: each at once)
@@ -39,7 +39,7 @@ class Source(Protocol):
     def status(self) -> str:
         """The source's own state in a line ("" when all is well): a link retrying, a replay's position."""
 
-    def header(self) -> dict: ...
+    def header(self) -> dict[str, Any]: ...
 
     def state(self) -> EngineState: ...
 

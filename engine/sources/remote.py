@@ -3,11 +3,11 @@ A lost connection reads "disconnected, retrying" and resumes from the last step 
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import EngineState
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.sources.backoff import Backoff
@@ -29,7 +29,7 @@ class RemoteSource:
         self._settings = EngineState(0, "", 0)
         self._paused = False
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         return self.client.info()
 
     @property

@@ -2,9 +2,9 @@
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from swarmtune.engine.control import Control
-from swarmtune.engine.engine import EngineState
+from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import Recording, StepRecord
@@ -38,7 +38,7 @@ class ReplaySource:
         cut = " (last line was cut)" if self.rec.skipped_partial else ""
         return f"step {self.position}/{len(self.rec.steps)} at {self.speed:g}x{cut}"
 
-    def header(self) -> dict:
+    def header(self) -> dict[str, Any]:
         return self.rec.header
 
     def request(self, c: Control) -> EngineState:

@@ -29,7 +29,7 @@ class Spending:
         """Engine seconds the tuner took from the swarm outright: thinking, probes, switches."""
         return self.think_s + self.probe_s + self.switch_s
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()} | {"why": self.line()}
 
     def line(self, run_s: float | None = None) -> str:
