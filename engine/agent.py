@@ -8,6 +8,7 @@ engine/scheduler.py) within them."""
 from dataclasses import dataclass, field
 from enum import Enum
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.chunk_reuse import KeptChunk, unfold
 
 TAIL_CHARS = 48  # the tail of its text an agent shows
@@ -42,7 +43,7 @@ class Agent:
     tasks: int = 0
     last_served_step: int = -1
     tail: str = ""
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[ChatMessage] = field(default_factory=list)
     turn_text: str = ""
     # while it waits (TOOL or CLIENT): when what it waits for arrives (the engine's clock; None: not yet known,
     # a client that has not sent its next request), and what arrives, ingested once it does

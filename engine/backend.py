@@ -5,6 +5,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.clock import Clock
 from swarmtune.engine.model_facts import ModelFacts
@@ -50,7 +51,7 @@ class Backend(Protocol):
 
     def piece(self, token: int) -> str: ...
 
-    def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str: ...
+    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str: ...
 
     def is_eog(self, token: int) -> bool: ...
 

@@ -7,6 +7,7 @@ Hermes format (`<tools>` with their JSON schemas, calls as `<tool_call>` JSON), 
 and Hermes' own templates write, and what small models imitate best (engine/tool_calls.py parses it)."""
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -50,7 +51,7 @@ class ChatTemplate:
         self.bos_token, self.eos_token = bos_token, eos_token
         self.knows_tools = "tools" in source
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str:
         msgs = messages
         if tools and not self.knows_tools:
@@ -65,7 +66,8 @@ class ChatTemplate:
             raise TemplateError(f"the model's chat template could not render this conversation: {e}") from None
 
 
-def with_tools_in_system(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_tools_in_system(messages: Sequence[Mapping[str, Any]],
+                         tools: list[dict[str, Any]]) -> list[Mapping[str, Any]]:
     pre = tool_preamble(tools)
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": f"{messages[0]['content']}\n\n{pre}"}, *messages[1:]]

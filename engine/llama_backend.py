@@ -20,6 +20,7 @@ import llama_cpp as ll
 import numpy as np
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.clock import Clock, WallClock
 from swarmtune.engine.errors import Interrupted, UserError
@@ -318,7 +319,7 @@ class LlamaBackend:
             b = self._bytes[token] = self._piece_buf.raw[: max(n, 0)]
         return b
 
-    def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str:
+    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str:
         if self._template is None:
             return _chatml(messages, add_assistant)
         arr = (ll.llama_chat_message * len(messages))()
@@ -821,6 +822,6 @@ def _applies(template: bytes) -> bool:
     return bool(ll.llama_chat_apply_template(template, msg, 1, True, buf, 256) >= 0)
 
 
-def _chatml(messages: list[dict[str, str]], add_assistant: bool) -> str:
+def _chatml(messages: list[ChatMessage], add_assistant: bool) -> str:
     s = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return s + ("<|im_start|>assistant\n" if add_assistant else "")

@@ -1,16 +1,17 @@
 """A served conversation's messages (any API's, normalised) to the prompt text the model reads.
 
-Normalised messages: {"role": system | user | assistant | tool, "content": str, "tool_calls": [ToolCall],
-"tool_call_id": str}. The model's own Jinja template renders them where the GGUF has one (with the
-calls and results in the structure Hugging Face templates expect, for a template that knows tools;
-written into the text in the model family's format, for one that does not); the backend's built-in
-rendering otherwise (the simulated backend's ChatML)."""
+Normalised messages: engine/chat_message.py's ChatMessage. The model's own Jinja template renders them where
+the GGUF has one (with the calls and results in the structure Hugging Face templates expect, for a template
+that knows tools; written into the text in the model family's format, for one that does not); the backend's
+built-in rendering otherwise (the simulated backend's ChatML)."""
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from swarmtune.engine.backend import Backend
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.chat_template import ChatTemplate, with_tools_in_system
 from swarmtune.engine.tool_calls import ToolCall, family, render_call, render_result
 
@@ -23,17 +24,16 @@ class PromptRenderer:
         self.family = family(src or "")
         self.how = "the model's own (GGUF tokenizer.chat_template, Jinja)" if src else "built in (ChatML)"
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
         if self.template is not None and self.template.knows_tools:
             return self.template.render([self._structured(m, self.family) for m in messages], tools)
         flat = [self._flat(m, wrap_results=bool(tools)) for m in messages]
         if self.template is not None:
             return self.template.render(flat, tools)
-        if tools:
-            flat = with_tools_in_system(flat, tools)
-        return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in flat], add_assistant=True)
+        shown: Sequence[Mapping[str, Any]] = with_tools_in_system(flat, tools) if tools else flat
+        return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in shown], add_assistant=True)
 
-    def _flat(self, m: dict[str, Any], wrap_results: bool) -> dict[str, Any]:
+    def _flat(self, m: ChatMessage, wrap_results: bool) -> ChatMessage:
         """Calls and results written into the text, as the model family writes them. A tool message of a
         request without tools stays as it came (as llama-server renders it): only the offered format
         wraps results in tags."""
@@ -46,7 +46,7 @@ class PromptRenderer:
         return {"role": m["role"], "content": content}
 
     @staticmethod
-    def _structured(m: dict[str, Any], fam: str) -> dict[str, Any]:
+    def _structured(m: ChatMessage, fam: str) -> dict[str, Any]:
         out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
         calls: list[ToolCall] = m.get("tool_calls") or []
         ident = _mistral_id if fam == "mistral" else (lambda i: i)

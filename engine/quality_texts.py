@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmtune.engine.backend import Backend
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.prompt import PromptRenderer
 from swarmtune.engine.workload import SYSTEM_PROMPT, TASKS, stdlib_sources
@@ -24,11 +25,11 @@ def read_text(path: str) -> str:
     return text
 
 
-def read_transcript(path: str) -> list[list[dict[str, Any]] | list[int]]:
+def read_transcript(path: str) -> list[list[ChatMessage] | list[int]]:
     """A JSONL transcript: each line one conversation, {"messages": [{"role": ..., "content": ...}, ...]}
     (OpenAI's chat shape), or {"tokens": [...]} (what `serve --transcript` writes: the exact tokens a served
     turn's cache held), checked before any model loads."""
-    convs: list[list[dict[str, Any]] | list[int]] = []
+    convs: list[list[ChatMessage] | list[int]] = []
     for n, line in enumerate(_read(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -49,7 +50,7 @@ def read_transcript(path: str) -> list[list[dict[str, Any]] | list[int]]:
     return convs
 
 
-def conversation_documents(backend: Backend, convs: list[list[dict[str, Any]] | list[int]]) -> list[list[int]]:
+def conversation_documents(backend: Backend, convs: list[list[ChatMessage] | list[int]]) -> list[list[int]]:
     """Each conversation rendered with the model's chat template, as a served agent's prompt is (token
     lines as they are)."""
     renderer = PromptRenderer(backend)
@@ -75,7 +76,7 @@ def swarm_documents(backend: Backend, n: int, tokens_each: int, seed: int = 1) -
         path = r.choice(sources)
         text = path.read_text(encoding="utf-8", errors="replace")
         start = r.randrange(0, max(1, len(text) - tokens_each * 6))
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT},
+        msgs: list[ChatMessage] = [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": r.choice(TASKS).format(mod=path.name)},
                 {"role": "tool", "content": f"$ sed -n ... {path.name}\n" + text[start:start + tokens_each * 6]}]
         docs.append(backend.tokenize(renderer.render(msgs)))
@@ -96,12 +97,12 @@ def _read(path: str) -> str:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _messages(conv: Any, where: str) -> list[dict[str, Any]]:
+def _messages(conv: Any, where: str) -> list[ChatMessage]:
     msgs = conv.get("messages") if isinstance(conv, dict) else None
     if not isinstance(msgs, list) or not msgs:
         raise UserError(f"{where}: a conversation is {{\"messages\": [...]}} with at least one message",
                         field="transcript")
-    out = []
+    out: list[ChatMessage] = []
     for m in msgs:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content", ""), str):
             raise UserError(f"{where}: each message is {{\"role\": one of {', '.join(ROLES)}, \"content\": text}}",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from swarmtune.engine.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.chunk_reuse import Chunk
 from swarmtune.engine.clock import Clock, SimClock, WallClock
 from swarmtune.engine.kv_types import KV_TYPES, kv_pair
@@ -151,7 +152,7 @@ class SimBackend:
     def piece(self, token: int) -> str:
         return self._pieces[token] if 0 <= token < len(self._pieces) else ""
 
-    def chat(self, messages: list[dict[str, str]], add_assistant: bool) -> str:
+    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str:
         s = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return s + ("<|im_start|>assistant\n" if add_assistant else "")
 

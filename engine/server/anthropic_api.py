@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
 from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
 from swarmtune.engine.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
@@ -110,10 +111,10 @@ def _tools(tools: list[ATool] | None) -> list[dict[str, Any]]:
                                               "parameters": t.input_schema}} for t in tools or []]
 
 
-def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) -> list[dict[str, Any]]:
+def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) -> list[ChatMessage]:
     """Anthropic's conversation as engine/prompt.py takes it: tool_use blocks are the assistant's calls,
     tool_result blocks become tool messages."""
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     if system:
         out.append({"role": "system", "content": system if isinstance(system, str) else "".join(
             b.text for b in system)})
@@ -128,7 +129,7 @@ def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) ->
             if isinstance(b, ToolResultBlock):
                 out.append({"role": "tool", "content": b.text(), "tool_call_id": b.tool_use_id})
         if text or calls or m.role == "assistant":
-            msg: dict[str, Any] = {"role": m.role, "content": text}
+            msg: ChatMessage = {"role": m.role, "content": text}
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.prompt import PromptRenderer
 from swarmtune.engine.sampling import SamplingParams
@@ -109,7 +110,7 @@ class Bridge:
     def family(self) -> str:
         return self.renderer.family
 
-    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    async def prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                      param: str = "messages") -> "RenderedPrompt":
         try:
             text = self.renderer.render(messages, tools)
@@ -117,10 +118,9 @@ class Bridge:
             raise BadRequest(str(e), param) from None
         return await asyncio.to_thread(self._tokenized, text, messages)
 
-    def _tokenized(self, text: str, messages: list[dict[str, Any]]) -> "RenderedPrompt":
+    def _tokenized(self, text: str, messages: list[ChatMessage]) -> "RenderedPrompt":
         out = RenderedPrompt(self.backend.tokenize(text))
-        first = messages[0] if messages else {}
-        content = first.get("content") if first.get("role") == "system" else None
+        content = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
         if isinstance(content, str) and content and (at := text.find(content)) >= 0:
             # where the system prompt ends, in tokens: a miss before it is said to be the system prompt's
             out.system_tokens = len(self.backend.tokenize(text[: at + len(content)]))

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
 from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.engine.server.openai_schema import (
@@ -35,9 +36,9 @@ def usage_body(u: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def normalised(m: Message) -> dict[str, Any]:
+def normalised(m: Message) -> ChatMessage:
     """An OpenAI message as engine/prompt.py takes it."""
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    out: ChatMessage = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
     if m.tool_calls:
         out["tool_calls"] = [ToolCall(c.function.name, c.function.arguments, c.id or new_call_id())
                              for c in m.tool_calls]

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
 from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.engine.server.openai_api import busy_response, whole_reply
@@ -87,11 +88,11 @@ class ResponsesRequest(BaseModel):
     store: bool = True
 
 
-def _items(body: ResponsesRequest) -> list[dict[str, Any]]:
+def _items(body: ResponsesRequest) -> list[ChatMessage]:
     """The request's input as engine/prompt.py's messages."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     for it in body.input:
         if isinstance(it, MessageItem):
             out.append({"role": "system" if it.role == "developer" else it.role, "content": it.text()})
@@ -107,9 +108,9 @@ def _items(body: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
-    kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # response id -> its conversation, with output
+    kept: OrderedDict[str, list[ChatMessage]] = OrderedDict()  # response id -> its conversation, with output
 
-    def keep(rid: str, conversation: list[dict[str, Any]]) -> None:
+    def keep(rid: str, conversation: list[ChatMessage]) -> None:
         kept[rid] = conversation
         while len(kept) > RESPONSES_KEPT:
             kept.popitem(last=False)
@@ -118,7 +119,7 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
     async def responses(request: Request) -> Response:
         try:
             body = validated(ResponsesRequest, parse_json(await request.body()))
-            history: list[dict[str, Any]] = []
+            history: list[ChatMessage] = []
             if body.previous_response_id is not None:
                 if body.previous_response_id not in kept:
                     raise BadRequest(f"previous_response_id {body.previous_response_id!r} is unknown here: never "
@@ -175,7 +176,7 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             return out
 
         def remember(text: str, calls: list[ToolCall]) -> None:
-            reply: dict[str, Any] = {"role": "assistant", "content": text}
+            reply: ChatMessage = {"role": "assistant", "content": text}
             if calls:
                 reply["tool_calls"] = calls
             keep(rid, [m for m in messages if m["role"] != "system" or not body.instructions] + [reply])
