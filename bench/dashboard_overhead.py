@@ -26,7 +26,7 @@ from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.llama_backend import LlamaBackend
 from swarmtune.engine.model_facts import read_model_facts
 from swarmtune.engine.records import RecordWriter
-from swarmtune.engine.sources.live import LiveSource
+from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 
 

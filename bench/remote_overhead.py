@@ -27,8 +27,8 @@ from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.llama_backend import LlamaBackend
 from swarmtune.engine.model_facts import read_model_facts
-from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.server.server import make_app
+from swarmtune.server.runner import EngineRunner
+from swarmtune.server.server import make_app
 
 
 def settings(a) -> EngineSettings:

@@ -19,7 +19,7 @@ import openai
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from swarmtune.engine.sources.fleet import PrometheusFleet  # noqa: E402
+from swarmtune.sources.fleet import PrometheusFleet  # noqa: E402
 from swarmtune.tui.fleet_app import FleetApp  # noqa: E402
 from tests.remote_helpers import prometheus_server, served  # noqa: E402
 

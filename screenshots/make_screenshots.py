@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-from swarmtune.engine.sources.live import LiveSource
 from swarmtune.factories import make_engine
 from swarmtune.parsing import build_parser
+from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 
 HERE = Path(__file__).resolve().parent
@@ -49,8 +49,8 @@ async def main(seconds: float, served: bool) -> None:
     engine = make_engine(args)
     stop = threading.Event()
     if served:
-        from swarmtune.engine.server.hosted import HostedSource
-        from swarmtune.engine.server.runner import EngineRunner
+        from swarmtune.server.hosted import HostedSource
+        from swarmtune.server.runner import EngineRunner
 
         source = HostedSource(EngineRunner(engine, served=engine.workload), engine.workload, "127.0.0.1", 0, None)
     else:

@@ -10,9 +10,9 @@ def remote_source(args: argparse.Namespace):
     """A source for whatever engine answers at args.url."""
     import httpx
 
-    from swarmtune.engine.sources.attached import ForeignSource
-    from swarmtune.engine.sources.pollers import LlamaServerPoller, VllmPoller, detect
-    from swarmtune.engine.sources.remote import RemoteSource
+    from swarmtune.sources.attached import ForeignSource
+    from swarmtune.sources.pollers import LlamaServerPoller, VllmPoller, detect
+    from swarmtune.sources.remote import RemoteSource
 
     url = args.url if "://" in args.url else f"http://{args.url}"
     token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
@@ -21,7 +21,7 @@ def remote_source(args: argparse.Namespace):
     except httpx.HTTPError as e:
         raise UserError(f"cannot reach {url}: {type(e).__name__}") from None
     if kind == "swarmtune":
-        from swarmtune.engine.sources.client import SwarmClient
+        from swarmtune.sources.client import SwarmClient
 
         client = SwarmClient(url, token)
         try:

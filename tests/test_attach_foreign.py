@@ -9,8 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from swarmtune.engine.sources.attached import ForeignSource
-from swarmtune.engine.sources.pollers import (
+from swarmtune.engine.speedup import predicted_speedup
+from swarmtune.sources.attached import ForeignSource
+from swarmtune.sources.pollers import (
     LlamaServerPoller,
     SlotReading,
     VllmPoller,
@@ -20,7 +21,6 @@ from swarmtune.engine.sources.pollers import (
     parse_samples,
     slot_delta,
 )
-from swarmtune.engine.speedup import predicted_speedup
 from swarmtune.tui.app import SwarmApp
 from tests import fixture_server
 from tests.conftest import run_cli

@@ -8,7 +8,7 @@ from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.power.meter import ModeledMeter
 from swarmtune.engine.profiles import profile
 from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.sources.live import LiveSource
+from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, wait_for
 
@@ -185,8 +185,8 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
     import httpx
 
     from swarmtune.engine.served import ServedAgents
-    from swarmtune.engine.server.hosted import HostedSource
-    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.server.hosted import HostedSource
+    from swarmtune.server.runner import EngineRunner
 
     p = profile(SIM)
     backend = SimBackend(p)

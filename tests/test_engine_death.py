@@ -13,10 +13,10 @@ import uvicorn
 
 from swarmtune.commands.serve import stop_on_engine_death
 from swarmtune.engine.served import ServedAgents
-from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.server.server import ApiServer, make_app
 from swarmtune.factories import make_engine
 from swarmtune.parsing import build_parser
+from swarmtune.server.runner import EngineRunner
+from swarmtune.server.server import ApiServer, make_app
 from tests.conftest import SIM, until
 
 

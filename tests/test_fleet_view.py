@@ -14,7 +14,7 @@ import pytest
 from rich.text import Text
 from textual.widgets import DataTable
 
-from swarmtune.engine.sources.fleet import PrometheusFleet, nodes_from, totals
+from swarmtune.sources.fleet import PrometheusFleet, nodes_from, totals
 from swarmtune.tui.fleet_app import ALL, FleetApp
 from tests.conftest import SIM, run_cli, until, wait_for
 from tests.remote_helpers import prometheus_server, served, start_server

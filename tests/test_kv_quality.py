@@ -132,7 +132,7 @@ def test_a_served_turns_tokens_are_written_as_a_transcript_quality_reads(tmp_pat
     """serve --transcript: each served turn's exact tokens (its prompt, then what it generated), one JSON line,
     after the listener before it (the metrics'), which `swarmtune quality --transcript` reads as they are."""
     from swarmtune.engine.quality_texts import conversation_documents, read_transcript
-    from swarmtune.engine.server.transcript import TranscriptWriter
+    from swarmtune.server.transcript import TranscriptWriter
     from tests.test_served import ask, make, run, toks
 
     e, served = make()

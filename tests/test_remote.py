@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from swarmtune.engine.sources.client import SwarmClient
-from swarmtune.engine.sources.protocol import Sink
-from swarmtune.engine.sources.remote import RemoteSource
+from swarmtune.sources.client import SwarmClient
+from swarmtune.sources.protocol import Sink
+from swarmtune.sources.remote import RemoteSource
 from tests.conftest import SIM, run_cli, until, wait_for
 from tests.remote_helpers import served, start_server
 
@@ -110,8 +110,8 @@ async def test_a_slow_reader_loses_the_oldest_not_the_engine():
 
     from swarmtune.engine.engine import Engine, EngineSettings
     from swarmtune.engine.profiles import profile
-    from swarmtune.engine.server.runner import EngineRunner
     from swarmtune.engine.sim_backend import SimBackend
+    from swarmtune.server.runner import EngineRunner
 
     runner = EngineRunner(Engine(SimBackend(profile(SIM)), EngineSettings(ctx_per_agent=4096, reference=False)),
                           queue_size=8, pace_sim=False)

@@ -16,7 +16,7 @@ from textual.widgets import Footer, Input, ProgressBar
 from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.sources.protocol import Sink, Source
+from swarmtune.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker
 from swarmtune.tui.messages import EngineFailed, EngineProgress, Seeked, StepsArrived
 from swarmtune.tui.stats import Stats

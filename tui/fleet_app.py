@@ -14,8 +14,8 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from swarmtune.engine.control import COMMAND_HELP, Control, parse_command
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.sources.fleet import FleetSnapshot, NodeFigures, PrometheusFleet
-from swarmtune.engine.sources.fleet_control import NodeAnswer, send_control
+from swarmtune.sources.fleet import FleetSnapshot, NodeFigures, PrometheusFleet
+from swarmtune.sources.fleet_control import NodeAnswer, send_control
 
 COLUMNS = ("node", "state", "kv", "cap", "agents", "ctx", "KV used", "tok/s", "hit", "W", "J/tok", "tuner",
            "run/wait", "last control")

@@ -17,7 +17,7 @@ def _dashboard(source) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from swarmtune.engine.sources.live import LiveSource
+    from swarmtune.sources.live import LiveSource
 
     if not args.clients:
         if args.transcript_path:
@@ -25,15 +25,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _dashboard(LiveSource(make_engine(args)))
     from swarmtune.commands.serve import checked_address
     from swarmtune.engine.served import ServedAgents
-    from swarmtune.engine.server.hosted import HostedSource
-    from swarmtune.engine.server.runner import EngineRunner
+    from swarmtune.server.hosted import HostedSource
+    from swarmtune.server.runner import EngineRunner
 
     token = checked_address(args)
     engine = make_engine(args)
     assert isinstance(engine.workload, ServedAgents)
     runner = EngineRunner(engine, served=engine.workload, record_path=args.record_path, hide_text=args.hide_text)
     if args.transcript_path:
-        from swarmtune.engine.server.transcript import TranscriptWriter
+        from swarmtune.server.transcript import TranscriptWriter
 
         TranscriptWriter(args.transcript_path).listen(engine.workload)
     return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token,
@@ -49,7 +49,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.speed <= 0:
         raise UserError(f"--speed must be positive (got {args.speed})")
-    from swarmtune.engine.sources.replay import ReplaySource
+    from swarmtune.sources.replay import ReplaySource
 
     rec = read_recording(args.file)  # bad files fail here, before the screen is taken
     if not rec.steps:

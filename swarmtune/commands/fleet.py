@@ -8,7 +8,7 @@ import os
 import sys
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.sources.fleet import PrometheusFleet
+from swarmtune.sources.fleet import PrometheusFleet
 
 
 def node_tokens(pairs: list[str]) -> dict[str, str]:

@@ -37,8 +37,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from swarmtune.engine.records import RecordWriter, remove_quietly
-    from swarmtune.engine.sources.live import LiveSource
-    from swarmtune.engine.sources.protocol import Sink
+    from swarmtune.sources.live import LiveSource
+    from swarmtune.sources.protocol import Sink
 
     out = Path(args.output)
     if out.is_dir():

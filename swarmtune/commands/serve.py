@@ -29,7 +29,7 @@ def _check_can_listen(host: str, port: int) -> None:
 
 def checked_address(args: argparse.Namespace) -> str | None:
     """The token, once the address is one we may and can listen on (before the model loads)."""
-    from swarmtune.engine.server.server import is_loopback
+    from swarmtune.server.server import is_loopback
 
     token = args.token or os.environ.get("SWARMTUNE_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -56,8 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from swarmtune.engine.served import ServedAgents
-    from swarmtune.engine.server.runner import EngineRunner
-    from swarmtune.engine.server.server import ApiServer, make_app
+    from swarmtune.server.runner import EngineRunner
+    from swarmtune.server.server import ApiServer, make_app
 
     token = checked_address(args)
     if args.transcript_path and not args.clients:
@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                    allow_origins=tuple(args.allow_origins))
     transcript = None
     if args.transcript_path:
-        from swarmtune.engine.server.transcript import TranscriptWriter
+        from swarmtune.server.transcript import TranscriptWriter
 
         assert served is not None  # --clients, checked above
         transcript = TranscriptWriter(args.transcript_path)

@@ -2,7 +2,7 @@
 
 GET /v1/info, GET /v1/state, GET /v1/steps (Server-Sent Events, resumable with Last-Event-ID),
 POST /v1/control, GET /metrics (Prometheus), and the OpenAPI schema; with served agents (--clients),
-OpenAI's /v1/chat/completions, /v1/completions and /v1/models (engine/server/openai_api.py). With a
+OpenAI's /v1/chat/completions, /v1/completions and /v1/models (swarmtune/server/openai_api.py). With a
 token, every endpoint but /metrics needs `Authorization: Bearer <token>`."""
 
 import asyncio
@@ -28,17 +28,17 @@ from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.served import ServedAgents
-from swarmtune.engine.server.anthropic_api import add_anthropic_routes
-from swarmtune.engine.server.bridge import Bridge
-from swarmtune.engine.server.guard import Guard, GuardPolicy
-from swarmtune.engine.server.metrics import make_registry
-from swarmtune.engine.server.openai_api import add_openai_routes
-from swarmtune.engine.server.openai_schema import BadRequest, error_body, parse_json
-from swarmtune.engine.server.requests_api import add_request_routes
-from swarmtune.engine.server.responses_api import add_responses_routes
-from swarmtune.engine.server.runner import DIED, EngineRunner
-from swarmtune.engine.server.worker_api import add_worker_routes
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
+from swarmtune.server.anthropic_api import add_anthropic_routes
+from swarmtune.server.bridge import Bridge
+from swarmtune.server.guard import Guard, GuardPolicy
+from swarmtune.server.metrics import make_registry
+from swarmtune.server.openai_api import add_openai_routes
+from swarmtune.server.openai_schema import BadRequest, error_body, parse_json
+from swarmtune.server.requests_api import add_request_routes
+from swarmtune.server.responses_api import add_responses_routes
+from swarmtune.server.runner import DIED, EngineRunner
+from swarmtune.server.worker_api import add_worker_routes
 
 OPEN_PATHS = ("/metrics", "/health")
 PAUSE_WAIT_S = 30.0  # a pause waits for the step in flight, at most this long

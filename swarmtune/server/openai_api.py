@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
-from swarmtune.engine.server.openai_schema import (
+from swarmtune.engine.tool_calls import CallStream, ToolCall, new_call_id, parse
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
+from swarmtune.server.openai_schema import (
     BadRequest,
     ChatRequest,
     CompletionRequest,
@@ -25,7 +26,6 @@ from swarmtune.engine.server.openai_schema import (
     parse_json,
     validated,
 )
-from swarmtune.engine.tool_calls import CallStream, ToolCall, new_call_id, parse
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -10,9 +10,9 @@ import httpx
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.sources.backoff import Backoff
-from swarmtune.engine.sources.client import SwarmClient
-from swarmtune.engine.sources.protocol import Capabilities, Sink
+from swarmtune.sources.backoff import Backoff
+from swarmtune.sources.client import SwarmClient
+from swarmtune.sources.protocol import Capabilities, Sink
 
 
 class RemoteSource:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from swarmtune.engine.errors import Interrupted
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.sources.protocol import Sink
+from swarmtune.sources.protocol import Sink
 
 IDLE_S = 0.03  # how often a paused or exhausted source looks again
 

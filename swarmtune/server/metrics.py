@@ -8,8 +8,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from swarmtune.engine.records import RequestRecord
 from swarmtune.engine.served import ServedAgents, ServedRequest
-from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.server.vllm_metrics import mirror_vllm
+from swarmtune.server.runner import EngineRunner
+from swarmtune.server.vllm_metrics import mirror_vllm
 
 
 class EngineCollector(Collector):

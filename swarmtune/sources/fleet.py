@@ -15,7 +15,7 @@ import httpx
 
 from swarmtune.engine.errors import UserError
 
-# swarmtune's own series the view reads (engine/server/metrics.py), each a gauge or counter per node
+# swarmtune's own series the view reads (swarmtune/server/metrics.py), each a gauge or counter per node
 FIGURES = ("kv_setting", "batch_cap", "agents", "tokens_per_second", "mean_context_tokens", "kv_cache_usage_ratio",
            "watts", "joules_per_token", "tuner_on", "requests_running", "requests_waiting",
            "prefix_cache_hits_total", "prefix_cache_queries_total")

@@ -8,8 +8,8 @@ from typing import Any
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.pacing import Pacer
-from swarmtune.engine.sources.driver import drive
-from swarmtune.engine.sources.protocol import Capabilities, Sink
+from swarmtune.sources.driver import drive
+from swarmtune.sources.protocol import Capabilities, Sink
 
 
 class LiveSource:

@@ -7,9 +7,9 @@ import httpx
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.sources.backoff import Backoff
-from swarmtune.engine.sources.pollers import ForeignPoller
-from swarmtune.engine.sources.protocol import Capabilities, Sink
+from swarmtune.sources.backoff import Backoff
+from swarmtune.sources.pollers import ForeignPoller
+from swarmtune.sources.protocol import Capabilities, Sink
 
 POLL_EVERY_S = 0.5
 

@@ -19,8 +19,8 @@ from swarmtune.engine.engine import Engine
 from swarmtune.engine.records import RecordWriter, StepRecord
 from swarmtune.engine.rolling import RollingRate
 from swarmtune.engine.served import ServedAgents
-from swarmtune.engine.sources.live import LiveSource
-from swarmtune.engine.sources.protocol import Sink
+from swarmtune.sources.live import LiveSource
+from swarmtune.sources.protocol import Sink
 
 DIED = -1  # the step index of the last item a step stream gets when the engine died: its data is the cause
 

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
-from swarmtune.engine.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
+from swarmtune.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 
 
 class TextBlock(BaseModel):

@@ -1,7 +1,7 @@
 """The served figures again under vLLM's own metric names (`vllm:num_requests_running`,
 `vllm:prefix_cache_hits`, `vllm:time_to_first_token_seconds`, ...) with its `model_name` label, where the
 meaning is the same: a fleet dashboard charted for vLLM (its Grafana examples, llm-d's) reads a swarmtune
-node as it reads a vLLM one. swarmtune's own names (engine/server/metrics.py) stay the reference; these
+node as it reads a vLLM one. swarmtune's own names (swarmtune/server/metrics.py) stay the reference; these
 mirror them, and nothing is here that is not there."""
 
 from collections.abc import Iterator
@@ -12,8 +12,8 @@ from prometheus_client.registry import Collector
 
 from swarmtune.engine.records import RequestRecord
 from swarmtune.engine.served import ServedAgents, ServedRequest
-from swarmtune.engine.server.bridge import model_id
-from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.server.bridge import model_id
+from swarmtune.server.runner import EngineRunner
 
 LABEL = ["model_name"]
 

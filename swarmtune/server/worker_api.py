@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import FastAPI
 
 import swarmtune
-from swarmtune.engine.server.bridge import model_id
-from swarmtune.engine.server.runner import EngineRunner
+from swarmtune.server.bridge import model_id
+from swarmtune.server.runner import EngineRunner
 
 
 def add_worker_routes(app: FastAPI, runner: EngineRunner) -> None:

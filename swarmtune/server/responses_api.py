@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.chat_message import ChatMessage
 from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
-from swarmtune.engine.server.openai_api import busy_response, whole_reply
-from swarmtune.engine.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
 from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
+from swarmtune.server.openai_api import busy_response, whole_reply
+from swarmtune.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
 
 RESPONSES_KEPT = 4096
 

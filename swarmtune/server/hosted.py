@@ -10,9 +10,9 @@ import uvicorn
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.served import ServedAgents
-from swarmtune.engine.server.runner import EngineRunner
-from swarmtune.engine.server.server import ApiServer, make_app
-from swarmtune.engine.sources.protocol import Capabilities, Sink
+from swarmtune.server.runner import EngineRunner
+from swarmtune.server.server import ApiServer, make_app
+from swarmtune.sources.protocol import Capabilities, Sink
 
 
 class HostedSource:

@@ -8,8 +8,8 @@ from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import Recording, StepRecord
-from swarmtune.engine.sources.driver import SEEKED, Seeked, drive
-from swarmtune.engine.sources.protocol import Capabilities, Sink
+from swarmtune.sources.driver import SEEKED, Seeked, drive
+from swarmtune.sources.protocol import Capabilities, Sink
 
 
 class ReplaySource:

@@ -19,9 +19,9 @@ from swarmtune.engine.errors import UserError
 from swarmtune.engine.prompt import PromptRenderer
 from swarmtune.engine.sampling import SamplingParams
 from swarmtune.engine.served import Closed, Delta, Finished, ServedAgents, ServedRequest
-from swarmtune.engine.server.openai_schema import BadRequest
-from swarmtune.engine.server.runner import EngineRunner
 from swarmtune.engine.tool_calls import call_grammar, json_grammar
+from swarmtune.server.openai_schema import BadRequest
+from swarmtune.server.runner import EngineRunner
 
 AGENT_HEADER = "x-swarmtune-agent"  # pins a conversation to an agent, as a body's user field does
 
