@@ -44,9 +44,9 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 
 from machine import cpu_name  # bench/, next to this script
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.profiles import misstated, profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Tuner
 
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=480.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
@@ -248,9 +248,9 @@ def figure(results: list[dict], path: Path) -> None:
 
 
 def real_condition(c: dict, build: str) -> dict:
-    from swarmtune.engine.default_model import default_model_path
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.default_model import default_model_path
+    from swarmtune.engine.model.model_facts import read_model_facts
 
     backend = LlamaBackend(read_model_facts(default_model_path()), n_threads=c["threads"])
     w = dict(REAL, kv_budget_mb=c["kv_budget_mb"])
@@ -314,9 +314,9 @@ def main() -> None:
                     print(line, flush=True)
     changing = None
     if a.changing:
-        from swarmtune.engine.default_model import default_model_path
-        from swarmtune.engine.llama_backend import LlamaBackend
-        from swarmtune.engine.model_facts import read_model_facts
+        from swarmtune.engine.backends.llama_backend import LlamaBackend
+        from swarmtune.engine.model.default_model import default_model_path
+        from swarmtune.engine.model.model_facts import read_model_facts
 
         backend = LlamaBackend(read_model_facts(default_model_path()))
         try:

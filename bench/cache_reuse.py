@@ -38,7 +38,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 from serve_vs_llama_server import BATCH, build_llama_server, free_port, stop, wait_ready  # noqa: E402
 
-from swarmtune.engine.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
+from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
 from tests.agent_traces import TRACES, TraceTurn, TurnResult, replay  # noqa: E402
 
 SERVERS = ("swarmtune", "swarmtune --cache-reuse 0", "llama-server --cache-reuse 256", "llama-server")
@@ -87,11 +87,11 @@ def run_server(name: str, a: argparse.Namespace, model: str, llama_server: str,
 
 def kl_cost(all_traces: dict[str, list[TraceTurn]], threads: int) -> list[tuple[str, int, int, float, float, float]]:
     """Per turn with kept chunks: (trace, tokens kept, prompt tokens, mean KL, max KL, top-1 kept share)."""
-    from swarmtune.engine.default_model import default_model_path
-    from swarmtune.engine.kv_quality import kl_and_top1
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
-    from swarmtune.engine.prompt import PromptRenderer
+    from swarmtune.engine.agents.prompt import PromptRenderer
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.default_model import default_model_path
+    from swarmtune.engine.model.model_facts import read_model_facts
+    from swarmtune.engine.quality.kv_quality import kl_and_top1
 
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
     fresh = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
@@ -151,10 +151,10 @@ def _follow(b, prompt: list[int], forced: list[int] | None) -> tuple[np.ndarray,
 def paste_cost(threads: int, contexts: tuple[int, ...] = (512, 1024, 2048, 3072)) -> list[tuple[int, float, float]]:
     """Per context: (cells, seconds to cut and paste back one 64-token chunk there, seconds to prefill those
     64 tokens there instead): the break-even length of a kept chunk, which --cache-reuse's default follows."""
-    from swarmtune.engine.chunk_reuse import Chunk
-    from swarmtune.engine.default_model import default_model_path
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.conversation.chunk_reuse import Chunk
+    from swarmtune.engine.model.default_model import default_model_path
+    from swarmtune.engine.model.model_facts import read_model_facts
     from tests.agent_traces import tool_output
 
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
@@ -209,7 +209,7 @@ def main() -> int:
     a = p.parse_args()
     if a.rounds < 3:
         p.error("--rounds must be at least 3 (the spread needs them)")
-    from swarmtune.engine.default_model import default_model_path
+    from swarmtune.engine.model.default_model import default_model_path
 
     model = str(default_model_path())
     llama_server = a.llama_server or build_llama_server()

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from stamps import Stamps, on_own_thread  # bench/, next to this script
 
-from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.records import RecordWriter
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp

@@ -3,7 +3,7 @@
 llama.cpp's `llama-perplexity --kl-divergence` (built from the llama-cpp-python sdist swarmtune pins, by
 bench/build_llama_server.sh llama-perplexity) first stores the f16/f16 cache's log-probabilities over the
 text (--kl-divergence-base), then runs each setting's cache (-ctk / -ctv) against them. swarmtune's
-`engine/kv_quality.py` measures the same thing in process, on the same tokens, with the same windows (n_ctx
+`engine/quality/kv_quality.py` measures the same thing in process, on the same tokens, with the same windows (n_ctx
 tokens, the second half scored, BOS first where the model adds one) and flash attention on both sides.
 Both tables are printed side by side; the last line is `worst KL ratio vs llama.cpp: X`, the ratio of the
 two mean KLs farthest from 1 (the bar: 0.85-1.15).
@@ -29,10 +29,10 @@ from pathlib import Path
 
 from machine import cpu_name  # bench/, next to this script
 
-from swarmtune.engine.default_model import default_model_path
-from swarmtune.engine.kv_quality import measure
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.quality.kv_quality import measure
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = ("q8_0", "q4_0", "q8_0/f16", "f16/q8_0")

@@ -17,12 +17,12 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")
 
 import numpy as np
 
-from swarmtune.engine.agent import AgentState
+from swarmtune.engine.agents.agent import AgentState
+from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.control import Control
-from swarmtune.engine.default_model import default_model_path
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
 
 
 def kl_nats(got: np.ndarray, want: np.ndarray) -> float:

@@ -16,9 +16,9 @@ import time
 
 import llama_cpp as ll
 
-from swarmtune.engine.default_model import default_model_path
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
 
 
 def fill(b: LlamaBackend, rows: list[tuple[int, int, int, bool]]) -> None:

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import tiny_gguf  # noqa: E402
 
-from swarmtune.engine.llama_backend import LlamaBackend  # noqa: E402
-from swarmtune.engine.model_facts import read_model_facts  # noqa: E402
+from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
+from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
 
 def _steps(b: LlamaBackend, batch: int, n: int, pos0: int) -> list[float]:

@@ -14,9 +14,9 @@ import statistics
 import sys
 import time
 
-from swarmtune.engine.default_model import default_model_path
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
 
 
 def main() -> int:

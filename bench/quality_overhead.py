@@ -3,7 +3,7 @@ seeded workload, same seconds, in alternated rounds (on then off, the next round
 
 The swarm runs at q8_0, so the check always has the live setting to measure (at f16 it measures only
 what the tuner may move to, and stops once that has its figures): the dearest case. Its default budget is
-2% of the run's seconds (engine/quality_check.py), a check starting only where what it is expected to
+2% of the run's seconds (engine/quality/quality_check.py), a check starting only where what it is expected to
 cost keeps that share; an agent's first check costs a prefill of its history (seconds on a 2-core CPU),
 the next ones its new tokens, so a run needs minutes to hold several. The bar is a ratio >= 0.97. Each
 run's rate is decode tokens over the engine's clock (wall seconds since start), the check's own seconds
@@ -22,11 +22,11 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 
 from machine import cpu_name  # bench/, next to this script
 
-from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
-from swarmtune.engine.quality_check import QualityCheck
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.quality.quality_check import QualityCheck
 
 
 def one(backend: LlamaBackend, a, checked: bool) -> tuple[float, int, float]:

@@ -23,10 +23,10 @@ import uvicorn
 from httpx_sse import connect_sse
 from stamps import Stamps, on_own_thread  # bench/, next to this script
 
-from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.server import make_app
 

@@ -199,7 +199,7 @@ def main() -> int:
     a = p.parse_args()
     if a.rounds < 3:
         p.error("--rounds must be at least 3: fewer cannot show the spread")
-    from swarmtune.engine.default_model import default_model_path
+    from swarmtune.engine.model.default_model import default_model_path
 
     model = str(default_model_path())
     llama_server = a.llama_server or build_llama_server()

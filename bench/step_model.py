@@ -1,4 +1,4 @@
-"""How well the calibrated step-time model (engine/step_model.py) predicts a decode step's time on the
+"""How well the calibrated step-time model (engine/measure/step_model.py) predicts a decode step's time on the
 default model, per KV type, over (a) a sweep grid and (b) a live run.
 
 (a) Every batch 1..8 at contexts 32..2048, each point the median of 8 timed steps. The model is fitted to
@@ -22,12 +22,12 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 sys.path.insert(0, os.path.dirname(__file__))
 from stamps import on_own_thread  # noqa: E402
 
-from swarmtune.engine.default_model import default_model_path  # noqa: E402
+from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
 from swarmtune.engine.engine import Engine, EngineSettings  # noqa: E402
-from swarmtune.engine.llama_backend import LlamaBackend  # noqa: E402
-from swarmtune.engine.model_facts import read_model_facts  # noqa: E402
-from swarmtune.engine.step_model import Calibration, Fit  # noqa: E402
-from swarmtune.engine.sweep import run_sweep  # noqa: E402
+from swarmtune.engine.measure.step_model import Calibration, Fit  # noqa: E402
+from swarmtune.engine.measure.sweep import run_sweep  # noqa: E402
+from swarmtune.engine.model.default_model import default_model_path  # noqa: E402
+from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
 KVS = ("f16", "q8_0")
 BATCHES = list(range(1, 9))

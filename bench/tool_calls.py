@@ -3,7 +3,7 @@ costs per token; against a real `swarmtune serve --clients`.
 
 Each of --requests coding-agent prompts asks for one of three tools. "auto" lets the model write what it
 likes (a call parses only if it wrote the format it was offered); "required" samples under the grammar
-(engine/tool_calls.py), so a call parses unless max_tokens cuts it. The cost: one agent alone decoding
+(engine/conversation/tool_calls.py), so a call parses unless max_tokens cuts it. The cost: one agent alone decoding
 the same number of tokens with a JSON grammar and without (greedy, timed by the client from first to
 last token), in ms per token.
 

@@ -5,12 +5,12 @@ their agents first. It changes agents and cells; the engine makes the step's rec
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swarmtune.engine.agent import Agent, Residency
-from swarmtune.engine.agent_source import AgentSource
-from swarmtune.engine.analysis import StepAnalysis
-from swarmtune.engine.backend import Backend, NoKVSlot
-from swarmtune.engine.clock import Clock
+from swarmtune.engine.agents.agent import Agent, Residency
+from swarmtune.engine.agents.agent_source import AgentSource
+from swarmtune.engine.backends.backend import Backend, NoKVSlot
+from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
+from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
@@ -114,7 +114,8 @@ class BatchRunner:
         return Ran("prefill", [a], seconds, len(chunk), preempted)
 
     def _paste_due(self, a: Agent) -> None:
-        """Kept chunks of its old cells whose place its prefill has reached go back (engine/chunk_reuse.py)."""
+        """Kept chunks of its old cells whose place its prefill has reached go back
+        (engine/conversation/chunk_reuse.py)."""
         while a.kept and a.kept[0].at == a.context:
             k = a.kept[0]
             seconds = self.backend.paste(a.seq, k.handle, k.at)

@@ -1,8 +1,8 @@
 """The cache check (`--check`, and the tests): every agent's cells are exactly its history. A cache that lost
 or gained tokens makes every later number fiction, so a run that checks stops at the first difference."""
 
-from swarmtune.engine.agent import Agent, Residency
-from swarmtune.engine.backend import Backend, CacheMismatch
+from swarmtune.engine.agents.agent import Agent, Residency
+from swarmtune.engine.backends.backend import Backend, CacheMismatch
 
 
 def check_caches(backend: Backend, agents: list[Agent]) -> None:

@@ -10,17 +10,20 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import swarmtune
-from swarmtune.engine.agent import Agent, AgentState
-from swarmtune.engine.agent_source import AgentSource
-from swarmtune.engine.analysis import StepAnalysis
-from swarmtune.engine.backend import Backend
+from swarmtune.engine.agents.agent import Agent, AgentState
+from swarmtune.engine.agents.agent_source import AgentSource
+from swarmtune.engine.agents.workload import Workload
+from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.cache_check import check_caches
-from swarmtune.engine.clock import Clock
 from swarmtune.engine.control import Control, EngineState, Pending
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_switch import KVSwitch
-from swarmtune.engine.power.meter import Meter, NoMeter
+from swarmtune.engine.measure.analysis import StepAnalysis
+from swarmtune.engine.measure.power.meter import Meter, NoMeter
+from swarmtune.engine.measure.speedup import BatchOneReference
+from swarmtune.engine.measure.step_model import Calibration
 from swarmtune.engine.recorder import Recorder
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.residency import MoveLog, Parking
@@ -30,10 +33,7 @@ from swarmtune.engine.settings import (
     cap_in_force,
     min_context,
 )
-from swarmtune.engine.speedup import BatchOneReference
-from swarmtune.engine.step_model import Calibration
 from swarmtune.engine.tune_events import TuneEvent
-from swarmtune.engine.workload import Workload
 
 
 class TunerHook(Protocol):
@@ -48,7 +48,7 @@ class TunerHook(Protocol):
 
 
 class QualityHook(Protocol):
-    """The live KV quality check (engine/quality_check.py): sees every record, now and then measures."""
+    """The live KV quality check (engine/quality/quality_check.py): sees every record, now and then measures."""
 
     def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]: ...
 
@@ -78,7 +78,7 @@ class Engine:
         self.s = replace(settings, batch_cap=cap_in_force(settings.batch_cap, settings.agents),
                          chunk_tokens=min(settings.chunk_tokens, backend.max_chunk_tokens))
         self.progress = progress or (lambda what, done, total: None)
-        # what drives the agents (engine/agent_source.py): the synthetic swarm unless told otherwise
+        # what drives the agents (engine/agents/agent_source.py): the synthetic swarm unless told otherwise
         self.workload: AgentSource = agents or Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens,
                                  self.s.tool_latency_s, self.s.tool_latency_sigma)
         self.slots = max(self.s.agents, 1)
@@ -95,7 +95,7 @@ class Engine:
         # what was requested and not yet applied; the settings in force are self.s (and self.autotune)
         self.pending = Pending(self.s, self.budget_tokens, lambda: None if self.tuner is None else self.autotune)
         self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
-        self.quality = quality  # engine/quality_check.py: the live KV quality check, where there is one
+        self.quality = quality  # engine/quality/quality_check.py: the live KV quality check, where there is one
         self.autotune = autotune and tuner is not None
         self.started = False
         self.started_at = ""
@@ -185,7 +185,7 @@ class Engine:
             "weight_bytes": self.facts.weight_bytes,
             "embd_row_bytes": self.facts.embd_row_bytes,
             "kv_bytes_per_token": self.facts.kv_bytes_per_token_all(),
-            # what a step reads, layer by layer: windows, experts, recurrent state (engine/bytes_model.py)
+            # what a step reads, layer by layer: windows, experts, recurrent state (engine/model/bytes_model.py)
             "bytes_model": self.facts.bytes_model.to_dict(),
             "kv_buffer_bytes_reported": getattr(b, "kv_buffer_bytes", None),
             "cache_bytes_reported": getattr(b, "cache_bytes", None) or None,  # kv, kv_swa, recurrent (llama.cpp log)

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from swarmtune.engine.agent import Agent, AgentState, Residency
-from swarmtune.engine.analysis import StepAnalysis
-from swarmtune.engine.backend import Backend, NoKVSlot
+from swarmtune.engine.agents.agent import Agent, AgentState, Residency
+from swarmtune.engine.backends.backend import Backend, NoKVSlot
+from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.errors import Interrupted, UserError
-from swarmtune.engine.kv_convert import Unconvertible
+from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.residency import MoveLog
 from swarmtune.engine.settings import EngineSettings
 

@@ -1,12 +1,12 @@
 """A step's record: what it read (the bytes model's weights and cache), what each agent was doing, what
-moved, what it cost in energy, and what the analysis makes of it (engine/analysis.py)."""
+moved, what it cost in energy, and what the analysis makes of it (engine/measure/analysis.py)."""
 
 import time
 
-from swarmtune.engine.agent import Agent, AgentState
-from swarmtune.engine.analysis import StepAnalysis
-from swarmtune.engine.backend import Backend
-from swarmtune.engine.power.meter import Meter
+from swarmtune.engine.agents.agent import Agent, AgentState
+from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.measure.analysis import StepAnalysis
+from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
 from swarmtune.engine.settings import EngineSettings
 

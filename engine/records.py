@@ -62,7 +62,7 @@ class StepRecord:
     batch_cap: int
     kv_type: str
     agents: list[AgentView]
-    weight_bytes: int  # weight bytes this step read, shared by the whole batch: W(B) (engine/bytes_model.py)
+    weight_bytes: int  # weight bytes this step read, shared by the whole batch: W(B) (engine/model/bytes_model.py)
     kv_bytes: float  # KV bytes this step read: sum over the batch of K(L), each layer at most its window
     seconds: float  # the step's own time (decode + sampling), measured or simulated
     tokens: int  # tokens this step generated (decode) or ingested (prefill, rebuild)
@@ -76,7 +76,7 @@ class StepRecord:
     # B(W(1)+s+K(L))/(W(B)+B(s+K(L))), modeled: the seed's B(W+Lk)/(W+BLk) for a dense model
     predicted_speedup: float | None = None
     calibrated_speedup: float | None = None  # from the fit to this machine's measurements, modeled
-    # the calibrated step-time model (engine/step_model.py): t = g(B) + c*sum(L), g piecewise linear through
+    # the calibrated step-time model (engine/measure/step_model.py): t = g(B) + c*sum(L), g piecewise linear through
     # {"knots": [[B, seconds]...], "per_kv_token_seconds", "rms_error" (in-sample), "median_error" (each step
     # predicted before it was learned), "checked", "samples"}; older recordings hold [a, b, c, rms]
     fit: dict[str, Any] | list[float] | None = None
@@ -96,7 +96,7 @@ class StepRecord:
     distinct_experts_source: str | None = None
     # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop |
     # swap_discarded: a KV switch made the saved state unreadable; convert_save, convert: a KV switch saved a
-    # history and converted its rows to the new type, engine/kv_convert.py),
+    # history and converted its rows to the new type, engine/backends/kv_convert.py),
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
     moved: list[Move] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
@@ -134,14 +134,14 @@ class RequestRecord:
     copied_tokens: int = 0  # of cached_tokens, the cells copied from another agent's (a shared prefix)
     copied_from: int = -1  # that agent
     shifted_tokens: int = 0  # of cached_tokens, old cells kept past a divergence and shifted into place
-    # why it prefilled what its conversation had held, or that it was new (engine/cache_miss.py): the first
+    # why it prefilled what its conversation had held, or that it was new (engine/conversation/cache_miss.py): the first
     # prompt position not reused, the cause (a word, and in words), the text there before and now
     miss_at: int | None = None
     miss_cause: str = ""
     miss_words: str = ""
     miss_old: str = ""
     miss_new: str = ""
-    # the steps it was in: their seconds by kind, and its share of their energy (engine/energy_share.py),
+    # the steps it was in: their seconds by kind, and its share of their energy (engine/measure/energy_share.py),
     # measured or modeled as the steps' power source says (None: the steps had no energy figure)
     prefill_s: float = 0.0
     decode_s: float = 0.0

@@ -1,8 +1,8 @@
 """Where a waiting agent's history lives (the residency setting: kept in the KV cache, swapped out to host
 memory, or dropped) and how it comes back, with every move between them logged for the next record."""
 
-from swarmtune.engine.agent import Agent, Residency
-from swarmtune.engine.backend import Backend, NoKVSlot
+from swarmtune.engine.agents.agent import Agent, Residency
+from swarmtune.engine.backends.backend import Backend, NoKVSlot
 from swarmtune.engine.records import Move
 from swarmtune.engine.settings import EngineSettings
 

@@ -4,7 +4,7 @@ preemption when the KV budget cannot hold the step. Pure bookkeeping; it never t
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swarmtune.engine.agent import Agent, AgentState
+from swarmtune.engine.agents.agent import Agent, AgentState
 from swarmtune.engine.settings import EngineSettings
 
 

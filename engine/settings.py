@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import kv_pair
+from swarmtune.engine.model.kv_types import kv_pair
 
 MAX_AGENTS = 256
 
@@ -90,7 +90,7 @@ class EngineSettings:
     # (prefilled again when its agent returns). None: no bound
     swap_limit_bytes: float | None = None
     reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
-    # a KV switch converts the cached K and V to the new type where the backend can (engine/kv_convert.py);
+    # a KV switch converts the cached K and V to the new type where the backend can (engine/backends/kv_convert.py);
     # off, or where it cannot, every history is prefilled again
     kv_convert: bool = True
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history

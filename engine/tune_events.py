@@ -156,7 +156,7 @@ class RevertRefused(TuneEvent):
 
 @dataclass
 class Probed(TuneEvent):
-    """A KV type timed against the run's own in a side cache (engine/kv_probe.py): its figures (measured),
+    """A KV type timed against the run's own in a side cache (engine/measure/kv_probe.py): its figures (measured),
     or why it could not be timed."""
 
     phase: ClassVar[str] = "probed"
@@ -259,7 +259,7 @@ class Spent(TuneEvent):
 
 @dataclass
 class QualityChecked(TuneEvent):
-    """A live KV quality check (engine/quality_check.py): one agent's last positions through a setting
+    """A live KV quality check (engine/quality/quality_check.py): one agent's last positions through a setting
     against f16/f16, and the setting's figures at that context band so far (measured)."""
 
     phase: ClassVar[str] = "quality"

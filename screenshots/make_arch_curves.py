@@ -1,5 +1,5 @@
 """The figure of the README's "Beyond dense models" section: what sliding windows, experts and recurrent
-state do to the 8-agent speedup curve, beside the dense one. Every curve is modeled (engine/bytes_model.py).
+state do to the 8-agent speedup curve, beside the dense one. Every curve is modeled (engine/model/bytes_model.py).
 
     python screenshots/make_arch_curves.py
 
@@ -14,9 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from swarmtune.engine.bytes_model import ByteModel  # noqa: E402
-from swarmtune.engine.profiles import profile  # noqa: E402
-from swarmtune.engine.speedup import predicted_speedup  # noqa: E402
+from swarmtune.engine.measure.speedup import predicted_speedup  # noqa: E402
+from swarmtune.engine.model.bytes_model import ByteModel  # noqa: E402
+from swarmtune.engine.model.profiles import profile  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 B = 8

@@ -33,7 +33,7 @@ def remote_source(args: argparse.Namespace):
         raise UserError(f"{url} is not swarmtune serve, llama-server or vLLM (no /v1/info, /slots or vllm: metrics)")
     w, k, bm = args.weight_bytes, args.kv_bytes_per_token, None
     if args.gguf:
-        from swarmtune.engine.model_facts import read_model_facts
+        from swarmtune.engine.model.model_facts import read_model_facts
 
         facts = read_model_facts(args.gguf)
         w = w or facts.weight_bytes
@@ -49,16 +49,16 @@ def make_backend(args: argparse.Namespace):
     if args.sim and args.model:
         raise UserError("give --model or --sim, not both")
     if args.sim:
-        from swarmtune.engine.profiles import profile
-        from swarmtune.engine.sim_backend import SimBackend
+        from swarmtune.engine.backends.sim_backend import SimBackend
+        from swarmtune.engine.model.profiles import profile
 
         return SimBackend(profile(args.sim))
-    from swarmtune.engine.default_model import default_model_path
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.model.default_model import default_model_path
+    from swarmtune.engine.model.model_facts import read_model_facts
 
     facts = read_model_facts(args.model or default_model_path())
     try:
-        from swarmtune.engine.llama_backend import LlamaBackend
+        from swarmtune.engine.backends.llama_backend import LlamaBackend
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
     return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
@@ -100,7 +100,7 @@ def engine_settings(args: argparse.Namespace, backend):
 
 
 def tuner_goal(args: argparse.Namespace):
-    from swarmtune.engine.quality_check import DEFAULT_KV_QUALITY, QUALITY_CANDIDATES
+    from swarmtune.engine.quality.quality_check import DEFAULT_KV_QUALITY, QUALITY_CANDIDATES
     from swarmtune.engine.settings import check_kv
     from swarmtune.engine.tune import Goal, parse_allowed_kv, parse_objective
 
@@ -126,7 +126,7 @@ def tuner_goal(args: argparse.Namespace):
 
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
-    from swarmtune.engine.power.meter import ModeledMeter, make_meter
+    from swarmtune.engine.measure.power.meter import ModeledMeter, make_meter
     from swarmtune.engine.tune import Tuner
 
     check_flags(args)
@@ -141,10 +141,10 @@ def make_engine(args: argparse.Namespace, progress=None):
                             f"(--sim); here: {why}")
         agents = None
         if getattr(args, "clients", False):  # the agents are the HTTP clients' conversations
-            from swarmtune.engine.served import ServedAgents
+            from swarmtune.engine.agents.served import ServedAgents
 
             agents = ServedAgents(backend, max_queue=args.max_queue, cache_reuse=args.cache_reuse)
-        from swarmtune.engine.quality_check import QualityCheck
+        from swarmtune.engine.quality.quality_check import QualityCheck
 
         # the live quality check on a model (the simulated card has no logits): it measures the live setting
         # where it is quantized, and the settings the tuner may move to, at the swarm's own contexts

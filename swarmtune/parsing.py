@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import swarmtune
-from swarmtune.engine.chunk_reuse import DEFAULT_MIN_TOKENS
+from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS
 
 EXIT_BAD_INPUT = 2
 

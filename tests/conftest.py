@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 import swarmtune.engine
-from swarmtune.engine.default_model import default_model_path
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.model.default_model import default_model_path
+from swarmtune.engine.model.profiles import profile
 
 # Every engine in the tests (and every CLI they start) checks after each step that each agent's cache
 # holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
@@ -77,8 +77,8 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llama_backend(model_path):
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
     yield b
@@ -88,8 +88,8 @@ def llama_backend(model_path):
 @pytest.fixture(scope="session")
 def fresh(model_path):
     """A second llama.cpp context on the same model: what an untouched cache computes."""
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
     yield b

@@ -16,15 +16,15 @@ import pytest
 import tiny_gguf as tg
 from conftest import ROOT
 
-from swarmtune.engine.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.backends.llama_backend import caches_from_log
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
-from swarmtune.engine.kv_types import KV_TYPES
-from swarmtune.engine.llama_backend import caches_from_log
-from swarmtune.engine.model_facts import read_model_facts
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.speedup import crossover_context, predicted_speedup
-from swarmtune.engine.sweep import run_sweep
+from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
+from swarmtune.engine.measure.sweep import run_sweep
+from swarmtune.engine.model.bytes_model import ByteModel, bytes_model_from_header
+from swarmtune.engine.model.kv_types import KV_TYPES
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.model.profiles import profile
 
 MIB = 1024 * 1024
 LOG_MIB = 0.005 * MIB + 1  # llama.cpp logs sizes in MiB with two decimals
@@ -176,7 +176,7 @@ def test_tiny_facts_follow_llama_cpp_layer_rules(tiny_models):
 def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, family):
     import llama_cpp as ll
 
-    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
 
     facts = read_model_facts(tiny_models[family])
     bm = facts.bytes_model
@@ -217,7 +217,7 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
 
 
 def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
-    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
 
     monkeypatch.delenv("SWARMTUNE_MOE_ROUTING", raising=False)
     b = LlamaBackend(read_model_facts(tiny_models["qwen3moe"]), n_threads=1, chunk_tokens=CHUNK)
@@ -233,7 +233,7 @@ def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
 
 
 def test_routing_counter_reads_this_builds_tensor_layout():
-    from swarmtune.engine.moe_routing import GgmlTensor
+    from swarmtune.engine.backends.moe_routing import GgmlTensor
 
     assert ctypes.sizeof(GgmlTensor) == 336  # GGML_TENSOR_SIZE on 64-bit, ggml.h of the vendored llama.cpp
 
@@ -278,8 +278,8 @@ def test_cli_sweep_prints_the_moe_swa_curve_beside_the_dense_formula():
 
 @pytest.mark.parametrize("family", ["gemma3", "mamba", "gpt-oss"])
 def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
     from swarmtune.engine.engine import Engine, EngineSettings
-    from swarmtune.engine.llama_backend import LlamaBackend
 
     b = LlamaBackend(read_model_facts(tiny_models[family]), n_threads=1, chunk_tokens=CHUNK)
     try:
@@ -296,7 +296,7 @@ def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
 
 
 def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
-    from swarmtune.engine.llama_backend import LlamaBackend
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
 
     msgs = [{"role": "user", "content": "hi"}]
     gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=1)
@@ -328,8 +328,8 @@ def test_an_attached_engine_s_unknown_cache_type_is_counted_at_f16(tiny_models):
 def test_the_fit_counts_what_attention_reads():
     """The step-time fit's KV term is in the tokens attention reads: the context itself on a dense model,
     fewer past a window (half of gpt-oss-20b's layers read at most 128)."""
-    from swarmtune.engine.bytes_model import ByteModel
-    from swarmtune.engine.profiles import profile
+    from swarmtune.engine.model.bytes_model import ByteModel
+    from swarmtune.engine.model.profiles import profile
 
     dense = ByteModel.dense(5.5e9, 147e3 / 2)
     assert [dense.kv_equivalent_tokens("f16", c) for c in (0, 100, 5000)] == [0, 100, 5000]

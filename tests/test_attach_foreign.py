@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from swarmtune.engine.speedup import predicted_speedup
+from swarmtune.engine.measure.speedup import predicted_speedup
 from swarmtune.sources.attached import ForeignSource
 from swarmtune.sources.pollers import (
     LlamaServerPoller,

@@ -8,8 +8,8 @@ logits, which a cache of the right length but the wrong content would fail."""
 import numpy as np
 import pytest
 
-from swarmtune.engine.agent import AgentState
-from swarmtune.engine.backend import CacheMismatch
+from swarmtune.engine.agents.agent import AgentState
+from swarmtune.engine.backends.backend import CacheMismatch
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 
@@ -81,7 +81,7 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
 
 
 def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backend, fresh):
-    """The cached K and V converted to the new type (engine/kv_convert.py): nothing prefilled again, every
+    """The cached K and V converted to the new type (engine/backends/kv_convert.py): nothing prefilled again, every
     agent's next-token distribution within the type's tolerance of a fresh prefill at the new type."""
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 30)

@@ -1,17 +1,17 @@
-"""What each served request cost and why it lost its cache (engine/cache_miss.py, engine/energy_share.py),
-on the sim backend: the first position it did not reuse, the text there and the cause in words; its
-steps' seconds and its share of their energy."""
+"""What each served request cost and why it lost its cache (engine/conversation/cache_miss.py,
+engine/measure/energy_share.py), on the sim backend: the first position it did not reuse, the text there and
+the cause in words; its steps' seconds and its share of their energy."""
 
-from swarmtune.engine.agent import Residency
-from swarmtune.engine.cache_miss import diverged
-from swarmtune.engine.energy_share import joules_by_agent
+from swarmtune.engine.agents.agent import Residency
+from swarmtune.engine.agents.served import ServedAgents, common_prefix
+from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.conversation.cache_miss import diverged
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.power.meter import make_meter
-from swarmtune.engine.profiles import profile
+from swarmtune.engine.measure.energy_share import joules_by_agent
+from swarmtune.engine.measure.power.meter import make_meter
+from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.records import AgentView, StepRecord
-from swarmtune.engine.served import ServedAgents, common_prefix
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.sim_backend import SimBackend
 from tests.conftest import SIM
 from tests.test_served import ask, make, run, toks
 

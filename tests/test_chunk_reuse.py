@@ -1,16 +1,16 @@
-"""Reuse past a divergence (engine/chunk_reuse.py, engine/kv_splice.py): which old cells a changed prompt
-keeps, that the engine puts them back where the prompt has them, and (on the real model) that the cache it
-builds continues the prompt almost as a full prefill does, while a wiped one does not."""
+"""Reuse past a divergence (engine/conversation/chunk_reuse.py, engine/backends/kv_splice.py): which old cells a
+changed prompt keeps, that the engine puts them back where the prompt has them, and (on the real model) that
+the cache it builds continues the prompt almost as a full prefill does, while a wiped one does not."""
 
 import pytest
 
-from swarmtune.engine.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
+from swarmtune.engine.conversation.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.served import ServedAgents
+from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.sim_backend import SimBackend
 from tests.conftest import SIM
 from tests.test_cache_integrity import _kl_nats
 from tests.test_served import ask, run

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.power.meter import ModeledMeter
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.measure.power.meter import ModeledMeter
+from swarmtune.engine.model.profiles import profile
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, wait_for
@@ -184,7 +184,7 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
     """`swarmtune run --clients`: one process, the dashboard and the OpenAI API on one engine (sim)."""
     import httpx
 
-    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.agents.served import ServedAgents
     from swarmtune.server.hosted import HostedSource
     from swarmtune.server.runner import EngineRunner
 

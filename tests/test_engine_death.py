@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from swarmtune.commands.serve import stop_on_engine_death
-from swarmtune.engine.served import ServedAgents
+from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.factories import make_engine
 from swarmtune.parsing import build_parser
 from swarmtune.server.runner import EngineRunner

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from swarmtune.engine.backend import NoKVSlot
+from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.probe import time_decode
+from swarmtune.engine.measure.probe import time_decode
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.model

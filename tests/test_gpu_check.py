@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.model_facts import read_model_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "bench" / "gpu"

@@ -3,12 +3,12 @@ taken; the byte model counts each at its own type; the flags printed for other e
 
 import pytest
 
-from swarmtune.engine.bytes_model import ByteModel
+from swarmtune.engine.backends.kv_convert import rotation
 from swarmtune.engine.control import Control
-from swarmtune.engine.engine_flags import engine_flags
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_convert import rotation
-from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.model.bytes_model import ByteModel
+from swarmtune.engine.model.engine_flags import engine_flags
+from swarmtune.engine.model.kv_types import KV_TYPES
 from swarmtune.engine.settings import check_kv
 from swarmtune.engine.tune.goal import parse_allowed_kv
 from tests.conftest import run_cli

@@ -5,8 +5,9 @@ and the simulated side cache is as strict as the live one."""
 import numpy as np
 import pytest
 
-from swarmtune.engine.backend import CacheMismatch
-from swarmtune.engine.kv_probe import (
+from swarmtune.engine.backends.backend import CacheMismatch
+from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.measure.kv_probe import (
     RATIO_BOUNDS,
     SHORT_CONTEXT,
     STEPS,
@@ -15,9 +16,8 @@ from swarmtune.engine.kv_probe import (
     long_context,
     probe_kv,
 )
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.step_model import Fit
+from swarmtune.engine.measure.step_model import Fit
+from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, prefill_code
 
 

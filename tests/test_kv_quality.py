@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_quality import LOG_P_FLOOR, MIN_POSITIONS, BandFigures, kl_and_top1, measure, windows
-from swarmtune.engine.kv_types import kv_pair
+from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.quality.kv_quality import LOG_P_FLOOR, MIN_POSITIONS, BandFigures, kl_and_top1, measure, windows
 from tests.conftest import run_cli
 
 
@@ -131,7 +131,7 @@ def test_quality_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
 def test_a_served_turns_tokens_are_written_as_a_transcript_quality_reads(tmp_path):
     """serve --transcript: each served turn's exact tokens (its prompt, then what it generated), one JSON line,
     after the listener before it (the metrics'), which `swarmtune quality --transcript` reads as they are."""
-    from swarmtune.engine.quality_texts import conversation_documents, read_transcript
+    from swarmtune.engine.quality.quality_texts import conversation_documents, read_transcript
     from swarmtune.server.transcript import TranscriptWriter
     from tests.test_served import ask, make, run, toks
 

@@ -50,7 +50,7 @@ def test_no_module_above_the_core_writes_an_agents_field():
     import ast
     import dataclasses
 
-    from swarmtune.engine.agent import Agent
+    from swarmtune.engine.agents.agent import Agent
 
     fields = {f.name for f in dataclasses.fields(Agent)} - {"id"}
     files = [p for top in ABOVE_THE_CORE for p in ([ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py"))]
@@ -72,13 +72,13 @@ def test_no_module_above_the_core_writes_an_agents_field():
 
 def test_only_the_agent_changes_its_state():
     """An agent's state, its residency and what it waits for change only through its transitions
-    (engine/agent.py): no other module assigns them."""
+    (engine/agents/agent.py): no other module assigns them."""
     import ast
 
     owned = {"state", "residency", "tool_ready_at", "tool_pending"}
     writes = []
     for path in (ROOT / "engine").rglob("*.py"):
-        if path.name == "agent.py" and path.parent.name == "engine":
+        if path.name == "agent.py" and path.parent.name == "agents":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             targets = node.targets if isinstance(node, ast.Assign) else \

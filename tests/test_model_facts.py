@@ -3,8 +3,8 @@ import pytest
 from gguf import GGUFWriter
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.kv_types import KV_TYPES
+from swarmtune.engine.model.model_facts import read_model_facts
 
 
 def test_default_model_weight_and_kv_bytes(model_path):
@@ -83,12 +83,12 @@ def test_every_kv_type_has_a_cost():
 
 
 def test_the_header_reader_reads_what_ggufs_own_reader_does(tmp_path, model_path):
-    """engine/gguf_header.py against gguf's GGUFReader: every field's contents (string arrays, bools,
+    """engine/model/gguf_header.py against gguf's GGUFReader: every field's contents (string arrays, bools,
     per-layer numbers, an alignment of its own) and every tensor's name, shape, bytes and offset."""
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import quantize
 
-    from swarmtune.engine.gguf_header import GGUFHeader
+    from swarmtune.engine.model.gguf_header import GGUFHeader
 
     w = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
     w.add_custom_alignment(64)

@@ -9,11 +9,12 @@ import types
 
 import pytest
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.power.ledger import EnergyLedger
-from swarmtune.engine.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
-from swarmtune.engine.power.sampler import PowerSampler
-from swarmtune.engine.power.sensors import (
+from swarmtune.engine.measure.power.ledger import EnergyLedger
+from swarmtune.engine.measure.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
+from swarmtune.engine.measure.power.sampler import PowerSampler
+from swarmtune.engine.measure.power.sensors import (
     AmdGpuSensor,
     AmdHwmonSensor,
     NvmlSensor,
@@ -23,9 +24,8 @@ from swarmtune.engine.power.sensors import (
     open_sensor,
     survey,
 )
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.sweep import run_sweep
+from swarmtune.engine.measure.sweep import run_sweep
+from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, run_cli
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmtune.engine.prefill_model import PrefillCalibration
+from swarmtune.engine.measure.prefill_model import PrefillCalibration
 
 
 def test_it_recovers_a_cost_that_grows_with_the_history():

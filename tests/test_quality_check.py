@@ -9,9 +9,9 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_quality import kl_and_top1
-from swarmtune.engine.quality_check import CHECK_POSITIONS, QualityCheck, QualityLedger, band_of
-from swarmtune.engine.quality_texts import swarm_documents
+from swarmtune.engine.quality.kv_quality import kl_and_top1
+from swarmtune.engine.quality.quality_check import CHECK_POSITIONS, QualityCheck, QualityLedger, band_of
+from swarmtune.engine.quality.quality_texts import swarm_documents
 from swarmtune.engine.tune import Goal, Tuner
 from tests.conftest import SIM, run_cli
 
@@ -112,8 +112,8 @@ def one_thread(model_path):
     """The default model on one thread, for the engine runs here: their checks wait on the engine's clock,
     and under the suite's -n 3 on 2 cores a 2-thread llama.cpp context spins at every barrier (3.5 s a
     decode step, measured) where one thread just shares the cores."""
-    from swarmtune.engine.llama_backend import LlamaBackend
-    from swarmtune.engine.model_facts import read_model_facts
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=1)
     yield b

@@ -108,9 +108,9 @@ async def test_a_slow_reader_loses_the_oldest_not_the_engine():
     """The per-client queue is bounded: a reader that does not keep up loses the oldest records."""
     import asyncio
 
+    from swarmtune.engine.backends.sim_backend import SimBackend
     from swarmtune.engine.engine import Engine, EngineSettings
-    from swarmtune.engine.profiles import profile
-    from swarmtune.engine.sim_backend import SimBackend
+    from swarmtune.engine.model.profiles import profile
     from swarmtune.server.runner import EngineRunner
 
     runner = EngineRunner(Engine(SimBackend(profile(SIM)), EngineSettings(ctx_per_agent=4096, reference=False)),

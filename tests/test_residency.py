@@ -9,12 +9,12 @@ import collections
 import numpy as np
 import pytest
 
-from swarmtune.engine.agent import AgentState, Residency
+from swarmtune.engine.agents.agent import AgentState, Residency
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, prefill_code
 from tests.test_cache_integrity import assert_each_agent_continues_its_own_text
 
@@ -122,7 +122,7 @@ def test_swap_out_and_back_leaves_cells_and_logits_as_they_were(llama_backend):
     np.testing.assert_allclose(logits_after, logits_before, atol=1e-3)
     # and a state saved at one cache type is refused by another
     b.open("q8_0", 2, 512)
-    from swarmtune.engine.backend import CacheMismatch
+    from swarmtune.engine.backends.backend import CacheMismatch
 
     with pytest.raises(CacheMismatch):
         b.restore_seq(0, handle)
@@ -152,11 +152,11 @@ def test_real_engine_with_tool_waits_continues_each_agents_own_text(llama_backen
 
 
 def test_swapped_histories_past_the_host_bound_go_least_recently_served_first():
-    from swarmtune.engine.agent import Residency
+    from swarmtune.engine.agents.agent import Residency
+    from swarmtune.engine.backends.sim_backend import SimBackend
     from swarmtune.engine.engine import Engine
-    from swarmtune.engine.profiles import profile
+    from swarmtune.engine.model.profiles import profile
     from swarmtune.engine.settings import EngineSettings
-    from swarmtune.engine.sim_backend import SimBackend
     from tests.conftest import SIM
 
     p = profile(SIM)

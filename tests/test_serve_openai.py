@@ -12,8 +12,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.records import iter_lines
-from swarmtune.engine.sampling import SamplingParams
 from tests.conftest import until
 from tests.remote_helpers import served
 

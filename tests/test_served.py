@@ -5,14 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarmtune.engine.agents.served import Busy, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.conversation.text_stream import TextStream
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.profiles import profile
-from swarmtune.engine.sampling import SamplingParams
-from swarmtune.engine.served import Busy, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.text_stream import TextStream
 from tests.conftest import SIM
 
 

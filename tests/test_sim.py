@@ -4,13 +4,13 @@ import json
 
 import pytest
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.profiles import PROFILES, profile
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.speedup import crossover_context, predicted_speedup
-from swarmtune.engine.sweep import run_sweep
+from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
+from swarmtune.engine.measure.sweep import run_sweep
+from swarmtune.engine.model.profiles import PROFILES, profile
 from tests.conftest import SIM, run_cli
 
 SEED_TABLE = {2400: 5.6, 4700: 4.5, 6900: 3.8, 16000: 2.6, 55000: 1.6}
@@ -178,7 +178,7 @@ def test_every_profile_lists():
 
 
 def test_sim_cache_is_as_strict_as_a_consistent_llama_cache():
-    from swarmtune.engine.backend import CacheMismatch
+    from swarmtune.engine.backends.backend import CacheMismatch
 
     b = SimBackend(profile(SIM))
     b.open("f16", 2, 64)
@@ -207,7 +207,7 @@ def test_sim_kv_switch_keeps_every_cache():
     e.request(Control(kv="q8_0"))
     r = e.step()
     # every history comes back (with the token each had sampled, and any tool result still pending)
-    # (converted in place: engine/kv_convert.py; none prefilled again)
+    # (converted in place: engine/backends/kv_convert.py; none prefilled again)
     assert r.kind == "rebuild" and r.tokens + r.converted_tokens == sum(a.context for a in e.agents)
     assert r.converted_tokens > 0
     assert all(a.context >= held[a.id] for a in e.agents)

@@ -5,7 +5,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmtune.engine.step_model import MAX_KNOTS, Calibration, Fit
+from swarmtune.engine.measure.step_model import MAX_KNOTS, Calibration, Fit
 
 
 def _line_fit_error(points: list[tuple[int, float, float]]) -> float:
@@ -104,7 +104,7 @@ def test_a_real_run_states_the_median_error_of_its_step_time_predictions(fresh):
 
 def test_a_fit_knows_where_it_was_timed_and_where_it_extrapolates():
     """The dashboard draws the calibrated curve apart past the contexts and batch sizes its steps ran at."""
-    from swarmtune.engine.step_model import Calibration, Fit
+    from swarmtune.engine.measure.step_model import Calibration, Fit
 
     cal = Calibration()
     for b in (1, 4, 8):

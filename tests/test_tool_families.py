@@ -7,14 +7,14 @@ import json
 import jsonschema
 import pytest
 
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.conversation.tool_calls import call_grammar, parse
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.llama_backend import LlamaBackend
-from swarmtune.engine.model_facts import read_model_facts
-from swarmtune.engine.prompt import PromptRenderer
-from swarmtune.engine.sampling import SamplingParams
-from swarmtune.engine.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.tool_calls import call_grammar, parse
 from tests.tiny_gguf import llama_dense
 
 QWEN = ("{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n"

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from swarmtune.engine.chat_template import ChatTemplate
-from swarmtune.engine.tool_calls import CallStream, ToolCall, call_grammar, family, parse, render_call
+from swarmtune.engine.conversation.chat_template import ChatTemplate
+from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, call_grammar, family, parse, render_call
 
 READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}, "required": ["path"]}}}
@@ -60,7 +60,7 @@ def test_a_stream_holds_a_call_back_and_gives_it_whole_at_the_end():
 
 
 def test_the_grammars_parse_in_llama_cpp(llama_backend):
-    from swarmtune.engine.tool_calls import json_grammar
+    from swarmtune.engine.conversation.tool_calls import json_grammar
 
     for fam in ("hermes", "llama3", "mistral"):
         for parallel in (True, False):
@@ -101,7 +101,7 @@ def test_a_template_without_tools_offers_them_in_the_system_message():
 
 
 def test_a_template_that_refuses_says_why_in_one_line():
-    from swarmtune.engine.chat_template import TemplateError
+    from swarmtune.engine.conversation.chat_template import TemplateError
 
     t = ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}")
     with pytest.raises(TemplateError, match="roles must alternate"):
@@ -115,7 +115,7 @@ def test_tool_call_to_openai_shape():
 
 
 def test_a_mistral_template_gets_nine_character_call_ids_for_the_call_and_its_result():
-    from swarmtune.engine.prompt import PromptRenderer
+    from swarmtune.engine.agents.prompt import PromptRenderer
 
     class Model:  # what PromptRenderer reads of a backend
         jinja_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}[CALL {{ c.id }}]{% endfor %}"

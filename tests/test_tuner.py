@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.profiles import misstated, profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster

@@ -15,9 +15,9 @@ import re
 import pytest
 from syrupy.extensions.json import JSONSnapshotExtension
 
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.profiles import misstated, profile
-from swarmtune.engine.sim_backend import SimBackend
+from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Tuner
 
 SECONDS = 200.0

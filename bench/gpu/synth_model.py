@@ -133,7 +133,7 @@ def read_mark(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:  # swarmtune's header reader skips the tokenizer's arrays: 0.01 s, where GGUFReader takes 2-4 s
-        from swarmtune.engine.gguf_header import GGUFHeader as Reader
+        from swarmtune.engine.model.gguf_header import GGUFHeader as Reader
     except ImportError:
         Reader = _gguf().GGUFReader
     try:

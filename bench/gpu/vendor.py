@@ -205,7 +205,7 @@ def fill(dest: Path, sdist: Path | None, tokenizer_from: Path | None) -> int:
     (dest / "wheels" / "requirements.txt").write_text("\n".join(reqs) + "\n")
     if tokenizer_from is None:
         sys.path.insert(0, str(ROOT))
-        from swarmtune.engine.default_model import default_model_path
+        from swarmtune.engine.model.default_model import default_model_path
 
         tokenizer_from = default_model_path()
     _synth_model().extract_tokenizer(tokenizer_from, dest / "tokenizer.gguf")

@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
+from swarmtune.engine.backends.sim_backend import SimBackend, StepScale
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.errors import Stalled, UserError
-from swarmtune.engine.power.meter import Meter, ModeledMeter, NoMeter
+from swarmtune.engine.measure.power.meter import Meter, ModeledMeter, NoMeter
 from swarmtune.engine.settings import cap_in_force
-from swarmtune.engine.sim_backend import SimBackend, StepScale
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import Experiment
 from swarmtune.engine.tune.goal import Goal, Setting

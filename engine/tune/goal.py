@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import kv_pair
+from swarmtune.engine.model.kv_types import kv_pair
 from swarmtune.engine.tune_events import Setting
 
 __all__ = ["OBJECTIVES", "Goal", "Setting", "parse_allowed_kv", "parse_objective"]
@@ -44,7 +44,7 @@ class Goal:
     # gain past the margin plus this (or the measured one, once there is one) proposes an experiment
     prior_error: float = 0.05
     # the most mean KL (nats per token, against f16/f16) a KV setting may cost at the swarm's contexts, as the
-    # live check measured it (engine/quality_check.py); None: off (speed alone decides, as before)
+    # live check measured it (engine/quality/quality_check.py); None: off (speed alone decides, as before)
     kv_quality: float | None = None
 
 

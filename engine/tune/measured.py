@@ -4,14 +4,14 @@ forecasts run on it (the swarm's simulator, calibrated on it) and a switch is pr
 
 import time
 
-from swarmtune.engine.backend import NoKVSlot
+from swarmtune.engine.backends.backend import NoKVSlot
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_probe import KvProbe, long_context, probe_kv
-from swarmtune.engine.prefill_model import PrefillCalibration
-from swarmtune.engine.profiles import Profile
+from swarmtune.engine.measure.kv_probe import KvProbe, long_context, probe_kv
+from swarmtune.engine.measure.prefill_model import PrefillCalibration
+from swarmtune.engine.model.profiles import Profile
 from swarmtune.engine.records import StepRecord, mean_context
-from swarmtune.engine.sim_backend import SimBackend
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.simulator import CalibratedSim
 from swarmtune.engine.tune_events import Probed, TuneEvent

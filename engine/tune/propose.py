@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.quality_check import QualityLedger
+from swarmtune.engine.quality.quality_check import QualityLedger
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
@@ -178,7 +178,7 @@ class Proposer:
 
 
 def quality_ledger(engine: Engine) -> QualityLedger | None:
-    """The live quality check's ledger (engine/quality_check.py), where the engine has one."""
+    """The live quality check's ledger (engine/quality/quality_check.py), where the engine has one."""
     ledger = getattr(engine.quality, "ledger", None)
     return ledger if isinstance(ledger, QualityLedger) else None
 

@@ -4,7 +4,7 @@ budget (its KL grows with the contexts) is left at once for the reference (f16),
 from dataclasses import replace
 
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.kv_quality import REFERENCE
+from swarmtune.engine.quality.kv_quality import REFERENCE
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.propose import quality_ledger

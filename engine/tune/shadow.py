@@ -3,12 +3,12 @@ snapshot, every agent copied as it stands, so that it runs on from here as the l
 
 from dataclasses import replace
 
-from swarmtune.engine.agent import AgentState, Residency
-from swarmtune.engine.clock import SimClock
+from swarmtune.engine.agents.agent import AgentState, Residency
+from swarmtune.engine.backends.clock import SimClock
+from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.power.meter import Meter
+from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.sim_backend import SimBackend
 
 
 def shadow_of(live: Engine, sim: SimBackend, settings: EngineSettings, meter: Meter | None = None) -> Engine:
@@ -34,7 +34,7 @@ def shadow_of(live: Engine, sim: SimBackend, settings: EngineSettings, meter: Me
             b.next_token = sim.tokenize(" x")[0]
         if b.state is AgentState.CLIENT and b.tool_ready_at is None:
             # a served agent waits for its client: in the shadow its client comes back as the traffic does
-            # (engine/served.py's shape: the median wait, then what a returning turn adds)
+            # (engine/agents/served.py's shape: the median wait, then what a returning turn adds)
             b.wait_for_tool(sim.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens],
                             snap.now_s + settings.tool_latency_s)
         shadow.workload.seed_sampler(b)

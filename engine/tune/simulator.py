@@ -1,16 +1,16 @@
 """The forecasts' simulator on a real backend: this very run, calibrated on its own steps; and the step
 cost a decision's closed loop checks measured steps against."""
 
-from swarmtune.engine.prefill_model import PrefillFit
-from swarmtune.engine.profiles import Profile
-from swarmtune.engine.sim_backend import SimBackend
-from swarmtune.engine.step_model import Fit
+from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.measure.prefill_model import PrefillFit
+from swarmtune.engine.measure.step_model import Fit
+from swarmtune.engine.model.profiles import Profile
 
 
 class CalibratedSim(SimBackend):
     """A simulator of this very run on a real backend: step times from the fit measured per KV type.
     A KV type not run yet has the fit of one that was, scaled by what a probe timed of both in a side
-    cache (engine/kv_probe.py): its step time is not guessed from its bytes (a smaller cache type reads
+    cache (engine/measure/kv_probe.py): its step time is not guessed from its bytes (a smaller cache type reads
     fewer, but dequantizing it may cost more: slower on a CPU, faster on a GPU). Where no probe could run,
     it borrows another type's fit unscaled, and the decision says so."""
 

@@ -10,8 +10,8 @@ or a residency is kept only where the objective's own pairs agree, and rejected 
 import math
 import time
 
+from swarmtune.engine.backends.sim_backend import StepScale
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.sim_backend import StepScale
 from swarmtune.engine.tune.experiment import MIN_PAIRS, Experiment
 from swarmtune.engine.tune.forecast import Forecaster
 from swarmtune.engine.tune.goal import Goal

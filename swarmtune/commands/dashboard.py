@@ -24,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError("--transcript needs --clients: it writes the conversations your clients send")
         return _dashboard(LiveSource(make_engine(args)))
     from swarmtune.commands.serve import checked_address
-    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.agents.served import ServedAgents
     from swarmtune.server.hosted import HostedSource
     from swarmtune.server.runner import EngineRunner
 

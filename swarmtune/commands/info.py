@@ -4,7 +4,7 @@ import argparse
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from swarmtune.engine.profiles import PROFILES
+    from swarmtune.engine.model.profiles import PROFILES
 
     for p in PROFILES.values():
         print(f"{p.name:24} {p.description}")
@@ -15,7 +15,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_power(args: argparse.Namespace) -> int:
-    from swarmtune.engine.power.sensors import survey
+    from swarmtune.engine.measure.power.sensors import survey
 
     for a in survey(args.sysfs_root):
         print(f"{a.name:8} {'available' if a.available else 'n/a':10} {a.reason}")

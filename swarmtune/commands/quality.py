@@ -16,7 +16,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from swarmtune.engine import kv_quality, quality_texts
+    from swarmtune.engine.quality import kv_quality, quality_texts
 
     settings = kv_quality.check_settings(s for s in args.kv_settings.split(",") if s.strip())
     contexts = kv_quality.check_contexts(args.contexts or DEFAULT_CONTEXTS)

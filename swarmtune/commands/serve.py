@@ -55,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from swarmtune.engine.served import ServedAgents
+    from swarmtune.engine.agents.served import ServedAgents
     from swarmtune.server.runner import EngineRunner
     from swarmtune.server.server import ApiServer, make_app
 

@@ -11,8 +11,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from swarmtune.engine.kv_types import kv_type
-    from swarmtune.engine.sweep import (
+    from swarmtune.engine.measure.sweep import (
         CPU_DEFAULT_BATCHES,
         CPU_DEFAULT_CONTEXTS,
         crossover_note,
@@ -22,6 +21,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         table_rows,
         write_png,
     )
+    from swarmtune.engine.model.kv_types import kv_type
 
     kv_type(args.kv)
     for path in (args.json_path, args.png_path):
@@ -37,7 +37,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if limit and max(contexts) + args.steps + 8 > limit and not args.sim:
         backend.close()
         raise UserError(f"context {max(contexts)} exceeds the model's trained context ({limit})")
-    from swarmtune.engine.power.meter import make_meter
+    from swarmtune.engine.measure.power.meter import make_meter
 
     try:
         meter = make_meter(args.power, getattr(backend, "profile", None))

@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarmtune.engine.chat_message import ChatMessage
-from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
+from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, parse
 from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
 from swarmtune.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 
@@ -112,7 +112,7 @@ def _tools(tools: list[ATool] | None) -> list[dict[str, Any]]:
 
 
 def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) -> list[ChatMessage]:
-    """Anthropic's conversation as engine/prompt.py takes it: tool_use blocks are the assistant's calls,
+    """Anthropic's conversation as engine/agents/prompt.py takes it: tool_use blocks are the assistant's calls,
     tool_result blocks become tool messages."""
     out: list[ChatMessage] = []
     if system:

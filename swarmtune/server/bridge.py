@@ -14,12 +14,12 @@ from typing import Any
 
 from fastapi import Request
 
-from swarmtune.engine.chat_message import ChatMessage
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Closed, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.conversation.tool_calls import call_grammar, json_grammar
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.prompt import PromptRenderer
-from swarmtune.engine.sampling import SamplingParams
-from swarmtune.engine.served import Closed, Delta, Finished, ServedAgents, ServedRequest
-from swarmtune.engine.tool_calls import call_grammar, json_grammar
 from swarmtune.server.openai_schema import BadRequest
 from swarmtune.server.runner import EngineRunner
 

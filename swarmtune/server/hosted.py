@@ -8,8 +8,8 @@ from typing import Any
 
 import uvicorn
 
+from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.control import Control, EngineState
-from swarmtune.engine.served import ServedAgents
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.server import ApiServer, make_app
 from swarmtune.sources.protocol import Capabilities, Sink

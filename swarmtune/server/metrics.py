@@ -6,8 +6,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from swarmtune.engine.agents.served import ServedAgents, ServedRequest
 from swarmtune.engine.records import RequestRecord
-from swarmtune.engine.served import ServedAgents, ServedRequest
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.vllm_metrics import mirror_vllm
 
@@ -82,7 +82,7 @@ class EngineCollector(Collector):
 
 
 def _quality(run: EngineRunner) -> Iterator[GaugeMetricFamily]:
-    """The live KV quality check's figures (engine/quality_check.py), per setting and context band."""
+    """The live KV quality check's figures (engine/quality/quality_check.py), per setting and context band."""
     ledger = getattr(run.engine.quality, "ledger", None)
     if ledger is None:
         return

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from swarmtune.engine.chat_message import ChatMessage
-from swarmtune.engine.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
-from swarmtune.engine.tool_calls import CallStream, ToolCall, new_call_id, parse
+from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, new_call_id, parse
 from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.server.openai_schema import (
     BadRequest,
@@ -37,7 +37,7 @@ def usage_body(u: Usage) -> dict[str, Any]:
 
 
 def normalised(m: Message) -> ChatMessage:
-    """An OpenAI message as engine/prompt.py takes it."""
+    """An OpenAI message as engine/agents/prompt.py takes it."""
     out: ChatMessage = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
     if m.tool_calls:
         out["tool_calls"] = [ToolCall(c.function.name, c.function.arguments, c.id or new_call_id())

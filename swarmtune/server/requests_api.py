@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 
+from swarmtune.engine.agents.served import ServedAgents, ServedRequest
 from swarmtune.engine.records import RequestRecord
-from swarmtune.engine.served import ServedAgents, ServedRequest
 
 KEPT_RECORDS = 4096
 ID_PREFIXES = ("chatcmpl-", "cmpl-", "msg_", "resp_")  # OpenAI chat, completions, Anthropic, Responses

@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarmtune.engine.chat_message import ChatMessage
-from swarmtune.engine.served import Busy, Closed, Delta, Finished
-from swarmtune.engine.tool_calls import CallStream, ToolCall, parse
+from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, parse
 from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
 from swarmtune.server.openai_api import busy_response, whole_reply
 from swarmtune.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
@@ -89,7 +89,7 @@ class ResponsesRequest(BaseModel):
 
 
 def _items(body: ResponsesRequest) -> list[ChatMessage]:
-    """The request's input as engine/prompt.py's messages."""
+    """The request's input as engine/agents/prompt.py's messages."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
     out: list[ChatMessage] = []

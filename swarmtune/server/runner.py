@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.engine import Engine
+from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.records import RecordWriter, StepRecord
-from swarmtune.engine.rolling import RollingRate
-from swarmtune.engine.served import ServedAgents
 from swarmtune.sources.live import LiveSource
 from swarmtune.sources.protocol import Sink
 

@@ -24,10 +24,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import swarmtune
+from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES
-from swarmtune.engine.served import ServedAgents
+from swarmtune.engine.model.kv_types import KV_TYPES
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 from swarmtune.server.anthropic_api import add_anthropic_routes
 from swarmtune.server.bridge import Bridge

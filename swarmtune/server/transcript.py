@@ -7,9 +7,9 @@ import json
 import threading
 from pathlib import Path
 
+from swarmtune.engine.agents.served import ServedAgents, ServedRequest
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import RequestRecord
-from swarmtune.engine.served import ServedAgents, ServedRequest
 
 
 class TranscriptWriter:

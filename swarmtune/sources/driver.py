@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 
 from swarmtune.engine.errors import Interrupted
-from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import StepRecord
+from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Sink
 
 IDLE_S = 0.03  # how often a paused or exhausted source looks again

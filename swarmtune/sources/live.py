@@ -7,8 +7,8 @@ from typing import Any
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.pacing import Pacer
 from swarmtune.sources.driver import drive
+from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Capabilities, Sink
 
 

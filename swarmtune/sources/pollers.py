@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from swarmtune.engine.bytes_model import ASSUMED_KV as REMOTE_KV
-from swarmtune.engine.bytes_model import ByteModel
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.measure.speedup import predicted_speedup
+from swarmtune.engine.measure.step_model import Calibration
+from swarmtune.engine.model.bytes_model import ASSUMED_KV as REMOTE_KV
+from swarmtune.engine.model.bytes_model import ByteModel
 from swarmtune.engine.records import AgentView, StepRecord, mean_context
-from swarmtune.engine.speedup import predicted_speedup
-from swarmtune.engine.step_model import Calibration
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from typing import Any
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.pacing import Pacer
 from swarmtune.engine.records import Recording, StepRecord
 from swarmtune.sources.driver import SEEKED, Seeked, drive
+from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Capabilities, Sink
 
 

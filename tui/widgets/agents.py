@@ -1,5 +1,5 @@
 """One row per agent: state, context against its limit, tokens generated, its rate, its joules per token
-(its share of each step's energy, engine/energy_share.py), the tail of its text (a served agent's: its
+(its share of each step's energy, engine/measure/energy_share.py), the tail of its text (a served agent's: its
 conversation's key and the prompt tokens it reused first).
 
 Fixed-width lines of rich Text, not a Table or a DataTable: the rows are rebuilt whole at each repaint,

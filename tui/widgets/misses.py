@@ -1,4 +1,4 @@
-"""The latest served turns that prefilled what their conversation had held, and why (engine/cache_miss.py):
+"""The latest served turns that prefilled what their conversation had held, and why (engine/conversation/cache_miss.py):
 hidden until the first one, so a synthetic swarm's screen is as it was."""
 
 from rich.text import Text

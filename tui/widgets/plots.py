@@ -4,8 +4,8 @@ import math
 
 from rich.text import Text
 
-from swarmtune.engine.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
-from swarmtune.engine.step_model import Fit
+from swarmtune.engine.measure.step_model import Fit
+from swarmtune.engine.model.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.braille import Chart, Series
 from swarmtune.tui.widgets.lines import TextLines

@@ -1,0 +1,75 @@
+"""A served conversation's messages (any API's, normalised) to the prompt text the model reads.
+
+Normalised messages: engine/conversation/chat_message.py's ChatMessage. The model's own Jinja template renders
+them where the GGUF has one (with the calls and results in the structure Hugging Face templates expect, for a
+template that knows tools; written into the text in the model family's format, for one that does not); the
+backend's built-in rendering otherwise (the simulated backend's ChatML)."""
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.chat_template import ChatTemplate, with_tools_in_system
+from swarmtune.engine.conversation.tool_calls import ToolCall, family, render_call, render_result
+
+
+class PromptRenderer:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        src = backend.jinja_template
+        self.template = ChatTemplate(src, backend.special_text("bos"), backend.special_text("eos")) if src else None
+        self.family = family(src or "")
+        self.how = "the model's own (GGUF tokenizer.chat_template, Jinja)" if src else "built in (ChatML)"
+
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+        if self.template is not None and self.template.knows_tools:
+            return self.template.render([self._structured(m, self.family) for m in messages], tools)
+        flat = [self._flat(m, wrap_results=bool(tools)) for m in messages]
+        if self.template is not None:
+            return self.template.render(flat, tools)
+        shown: Sequence[Mapping[str, Any]] = with_tools_in_system(flat, tools) if tools else flat
+        return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in shown], add_assistant=True)
+
+    def _flat(self, m: ChatMessage, wrap_results: bool) -> ChatMessage:
+        """Calls and results written into the text, as the model family writes them. A tool message of a
+        request without tools stays as it came (as llama-server renders it): only the offered format
+        wraps results in tags."""
+        content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(render_call(self.family, c.name, c.arguments) for c in m["tool_calls"])
+            content = f"{content}\n{calls}" if content else calls
+        elif m["role"] == "tool" and wrap_results:
+            content = render_result(content)
+        return {"role": m["role"], "content": content}
+
+    @staticmethod
+    def _structured(m: ChatMessage, fam: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        calls: list[ToolCall] = m.get("tool_calls") or []
+        ident = _mistral_id if fam == "mistral" else (lambda i: i)
+        if calls:
+            out["tool_calls"] = [{"type": "function", "id": ident(c.id),
+                                  "function": {"name": c.name, "arguments": _as_object(c.arguments)}}
+                                 for c in calls]
+        if m.get("tool_call_id"):
+            out["tool_call_id"] = ident(m["tool_call_id"])
+        return out
+
+
+def _mistral_id(call_id: str) -> str:
+    """Mistral's templates refuse a call id that is not 9 letters and digits; a client's id maps to one,
+    the same for the call and its result."""
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    return hashlib.sha1(call_id.encode()).hexdigest()[:9]
+
+
+def _as_object(arguments: str) -> Any:
+    """Templates index a call's arguments as a mapping (Hugging Face's convention); clients send text."""
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return arguments

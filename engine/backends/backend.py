@@ -1,0 +1,124 @@
+"""What the engine needs from a decode backend: the real one (llama.cpp) or the simulated one."""
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from swarmtune.engine.backends.clock import Clock
+from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.chunk_reuse import Chunk
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.model.model_facts import ModelFacts
+
+
+class NoKVSlot(Exception):
+    """llama_decode returned 1: the cache cannot hold this batch. A scheduling event, not a failure."""
+
+
+class CacheMismatch(RuntimeError):
+    """A sequence's cache does not hold what its agent's history says: every number after it would be fiction."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # llama.cpp | sim
+    device: str
+    versions: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    source: str  # measured | simulated
+    facts: ModelFacts
+    info: BackendInfo
+    max_chunk_tokens: int  # the most tokens one prefill call may carry
+    n_seqs: int  # sequences the open cache holds
+
+    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+        """(Re)create the cache: n_seqs independent sequences of ctx_per_seq cells each; all cached data is lost."""
+
+    def close(self) -> None: ...
+
+    def new_clock(self) -> Clock:
+        """A clock for a run on this backend (engine/backends/clock.py): the wall's, or a simulated card's."""
+
+    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> AbstractContextManager[None]:
+        """While held, every call works on a second, temporary cache of KV type kv; the live cache (and
+        its samplers) is back as it was after. A KV type is timed there without touching the swarm."""
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def piece(self, token: int) -> str: ...
+
+    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def seed_sampler(self, seq: int, seed: int) -> None:
+        """seq samples as the synthetic swarm's agents do (engine/conversation/sampling.py), from this seed."""
+
+    def set_sampler(self, seq: int, params: SamplingParams) -> None:
+        """seq samples as params say, until it is set again."""
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (`piece` is their text, a split character replaced)."""
+
+    def check_grammar(self, grammar: str) -> str | None:
+        """None where a sampler can keep to this GBNF (any thread); else why not."""
+
+    @property
+    def jinja_template(self) -> str | None:
+        """The model's own chat template (Jinja), where it has one."""
+
+    def special_text(self, which: str) -> str:
+        """The text of the "bos" or "eos" token."""
+
+    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
+        """Ingest tokens into seq's cache at pos0.. (at most max_chunk_tokens); returns seconds."""
+
+    def first_token_after_prefill(self, seq: int) -> int:
+        """Sample seq's next token from the last row of the prefill just run."""
+
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        """One step: one token per sequence, one call. Returns each sequence's next token and seconds."""
+
+    def drop(self, seq: int) -> None:
+        """Free seq's cache."""
+
+    def truncate(self, seq: int, n_tokens: int) -> None:
+        """Keep only seq's first n_tokens cached tokens."""
+
+    def copy(self, src: int, dst: int) -> None:
+        """Make dst's cache a copy of src's."""
+
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        """While set, a long call gives up (raising Interrupted) as soon as should_stop() says so."""
+
+    def save_seq(self, seq: int) -> tuple[object, int, float]:
+        """Copy seq's state (its cells, and a recurrent state) to host memory: (handle, bytes, seconds).
+        The cache still holds it; the caller drops it."""
+
+    def restore_seq(self, seq: int, handle: object) -> float:
+        """Put a saved state back into the empty seq; returns seconds. NoKVSlot when the cache has no room."""
+
+    def why_no_shift(self) -> str | None:
+        """None where cached cells can be moved to other positions (chunk reuse); else why not."""
+
+    def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
+        """Keep seq's first `keep` cells; each chunk's cells are saved apart first (one handle each), to be
+        put back by paste() once the tokens before it are prefilled. [] where they cannot be."""
+
+    def paste(self, seq: int, kept: object, at: int) -> float:
+        """Put a chunk cut() saved at position `at`, right after seq's last cell; returns seconds. NoKVSlot
+        (seq is then empty) where the cache has no room."""
+
+    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+        """None where a saved state can be converted from one KV type to the other; else why not."""
+
+    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+        """A saved state (save_seq) with its K and V rows in type kv: (handle, seconds). Raises
+        Unconvertible (engine/backends/kv_convert.py) where its layout is not one it can convert."""
+
+    def cells(self, seq: int) -> tuple[int, int]:
+        """(first, last) position seq's cache holds; (-1, -1) when it holds none."""

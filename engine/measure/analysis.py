@@ -1,0 +1,119 @@
+"""What a step means beyond what it did: the byte model's prediction, the step-time fit, the batch-1
+reference a measured speedup divides by, and the energy ledger. The engine says what a step did; this
+unit annotates it, one fit and one reference per KV cache type (the step time depends on it)."""
+
+import copy
+from collections.abc import Callable
+
+from swarmtune.engine.measure.power.ledger import EnergyLedger
+from swarmtune.engine.measure.power.meter import StepPower
+from swarmtune.engine.measure.speedup import BatchOneReference
+from swarmtune.engine.measure.step_model import Calibration, Fit
+from swarmtune.engine.model.bytes_model import StepRead
+from swarmtune.engine.model.model_facts import ModelFacts
+from swarmtune.engine.records import StepRecord, mean_context
+
+REFIT_EVERY_STEPS = 8  # a refit is ~0.5 ms over 512 steps: under 0.2% of a step here
+# A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
+# contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
+REFERENCE_EVERY_STEPS_WARMUP = 8
+REFERENCE_EVERY_STEPS = 64
+REFERENCE_WARM_SAMPLES = 6
+
+
+class StepAnalysis:
+    def __init__(self, facts: ModelFacts, source: str, watts_at: Callable[[int], float] | None) -> None:
+        self.bytes_model = facts.bytes_model
+        self.watts_at = watts_at  # a modeled meter's watts per batch; None for a sensor
+        self.how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
+                    f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), a robust line through the latest 64"
+                    if source == "measured" else
+                    "simulated: batch-1 steps of the profile's roofline interleaved in the run")
+        self.ledger = EnergyLedger()
+        self._calibrations: dict[str, Calibration] = {}
+        self._references: dict[str, BatchOneReference] = {}
+        self._decodes = 0
+        self._fresh_context = True
+        # a tuner's forecast (engine/tune/) needs only when its batch-1 reference steps fall, not what each
+        # step implies: the fits, speedups and energy a record carries cost a third of a forecast's time
+        self.forecasting = False
+
+    def context_opened(self) -> None:
+        """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
+        self._fresh_context = True
+
+    def fit(self, kv: str) -> Fit | None:
+        """The step-time fit measured at this KV type, if any steps ran at it."""
+        c = self._calibrations.get(kv)
+        return c.fit if c is not None else None
+
+    def measured_kv(self) -> list[str]:
+        """The KV settings some steps were timed at (types, or K/V pairs as "q8_0/f16")."""
+        return list(self._calibrations)
+
+    def calibration(self, kv: str) -> Calibration:
+        return self._calibrations.setdefault(kv, Calibration())
+
+    def reference(self, kv: str) -> BatchOneReference:
+        return self._references.setdefault(kv, BatchOneReference(self.how))
+
+    def _reference_step(self, kv: str, mean_ctx: float, seconds: float) -> None:
+        """A batch-1 step: a reference sample, unless it was a fresh context's first (which builds the graph)."""
+        if not self._fresh_context:
+            self.reference(kv).add(mean_ctx, seconds)
+        self._fresh_context = False
+
+    def carry_references(self, other: "StepAnalysis") -> None:
+        """Another analysis's batch-1 references, copied: a forecast takes its reference steps when the run
+        it forecasts would (they cost the run throughput: one agent alone for a step)."""
+        self._references = {k: copy.deepcopy(v) for k, v in other._references.items()}
+
+    def reference_due(self, kv: str, contexts: list[int], steps_since: int) -> bool:
+        """Whether the next decode step should run one agent alone to time the batch-1 reference."""
+        if len(contexts) < 2:
+            return False
+        ref = self.reference(kv)
+        mean_ctx = mean_context(contexts)
+        cold = ref.samples < REFERENCE_WARM_SAMPLES or not ref.covers(mean_ctx)
+        return steps_since >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
+
+    def annotate(self, rec: StepRecord, contexts: list[int], read: StepRead | None,
+                 power: StepPower | None) -> None:
+        """Adds to a decode step's record what its numbers imply (all modeled but measured_speedup)."""
+        b, kv, seconds = rec.batch, rec.kv_type, rec.seconds
+        if rec.kind != "decode" or not b:
+            return
+        mean_ctx = rec.mean_context
+        if self.forecasting:
+            if b == 1:
+                self._reference_step(kv, mean_ctx, seconds)
+            return
+        if power is not None:
+            self.ledger.add(b, power.joules, rec.tokens, seconds)
+        if read is not None:  # what the step read, computed once by the engine for its record
+            rec.predicted_speedup = read.speedup
+        cal = self.calibration(kv)
+        # the fit's KV term counts what attention reads: past a window, fewer tokens than the context;
+        # derived from the KV bytes the record already holds rather than summed over the layers again
+        k = self.bytes_model.kv_bytes_per_token(kv)
+        kv_tokens = rec.kv_bytes / k if k > 0 else float(sum(contexts))
+        longest = self.bytes_model.kv_equivalent_tokens(kv, max(contexts)) if contexts else kv_tokens / b
+        cal.add(b, kv_tokens, seconds, longest=longest)
+        if self._decodes % REFIT_EVERY_STEPS == 0 or cal.fit is None:
+            cal.refit()
+        self._decodes += 1
+        fit = cal.fit
+        if fit is not None:
+            rec.calibrated_speedup = fit.speedup(b, kv_tokens / b)
+            rec.fit = fit.record
+        ref = self.reference(kv)
+        if b == 1:
+            self._reference_step(kv, mean_ctx, seconds)
+        elif ref.covers(mean_ctx) and seconds > 0:
+            rec.measured_speedup = b * ref.seconds_at(mean_ctx) / seconds
+        if fit is not None and power is not None:
+            # a modeled meter knows watts per batch; for a sensor the ledger fits them from this run
+            m = self.ledger.marginal(b, lambda n: fit.step_seconds(n, n * kv_tokens / b), self.watts_at)
+            if m is not None:
+                rec.next_agent_joules_per_token = m.joules_per_token_next
+                rec.modeled_joules_per_token = m.joules_per_token_now

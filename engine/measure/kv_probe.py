@@ -1,0 +1,124 @@
+"""What a KV type costs on this machine, timed without touching the swarm.
+
+A KV type the run has not used has no step-time fit of its own, and its speed cannot be told from its
+bytes: a smaller type reads fewer bytes, but dequantizing it may cost more (slower on these CPUs, faster on
+a GPU), and not alike in decode and in prefill. So it is timed: in a side cache (a second, temporary
+context on the same model), the run's own type and the other one each prefill a history in chunks (each
+chunk timed: prefill slows as the history grows) and decode a few steps of `batch` sequences at that
+history's length and at a short one, and of one sequence at the short one.
+
+The decode ratios scale the run's own fit (engine/measure/step_model.py) to the other type: the cost of a step
+apart from attention by the ratio of the two lines' intercepts, attention's per-token costs by the ratio
+of their slopes. That fit stands for the type until it has run and has a fit of its own. Every point
+timed also joins its type's fits (engine/tune/): at a run's start they are the only measurements there
+are, and they let the tuner's first look come before the swarm has prefilled anything.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.measure.probe import filler_tokens, time_decode
+from swarmtune.engine.measure.step_model import Fit
+
+SHORT_CONTEXT = 64
+# long enough for attention to show, short enough that the probe's prefills (most of its cost: ~0.75 s per
+# type at 256 tokens on this 2-core CPU) stay small; a side cache stays small too
+LONG_CONTEXT_MIN, LONG_CONTEXT_MAX = 256, 1024
+PREFILL_CHUNK = 128  # the history is prefilled in chunks this long, each one timed at its position
+STEPS, WARMUP = 3, 1  # per point: the median of 3 steps, after one that may rebuild the graph
+# below this share of the step, attention's slope is noise at these step counts: one ratio for the whole step
+MIN_ATTENTION_SHARE = 0.1
+# a ratio outside this is a probe's noise (a slope from medians of 3 steps), not a cache type: clamped
+RATIO_BOUNDS = (0.25, 4.0)
+
+
+@dataclass(frozen=True)
+class KvProbe:
+    kv: str  # the type timed
+    base_kv: str  # the run's own type, timed alongside it
+    batch: int
+    contexts: tuple[int, int]  # tokens per sequence: short, long
+    decode: dict[str, list[tuple[int, float, float]]]  # per type: (batch, mean context, seconds a step)
+    prefill: dict[str, list[tuple[int, int, float]]]  # per type: (tokens, first position, seconds) per chunk
+    wall_s: float  # what the probe took, side caches and their prefills included
+
+    def _at(self, kv: str, batch: int) -> tuple[float, float]:
+        """Seconds a step at the short and at the long context, at this batch."""
+        lo, hi = (sec for b, _, sec in self.decode[kv] if b == batch)
+        return lo, hi
+
+    def _line(self, kv: str) -> tuple[float, float, float]:
+        """(intercept, slope per context token, seconds at the long point) of kv's steps at the probe's batch."""
+        (t_lo, t_hi), (lo, hi) = self._at(kv, self.batch), self.contexts
+        slope = (t_hi - t_lo) / (hi - lo)
+        return t_lo - slope * lo, slope, t_hi
+
+    @property
+    def ratios(self) -> tuple[float, float]:
+        """(apart from attention, attention per token): the probed type's decode cost over the base type's."""
+        (b_fixed, b_slope, b_hi), (x_fixed, x_slope, x_hi) = self._line(self.base_kv), self._line(self.kv)
+        lo_r, hi_r = RATIO_BOUNDS
+        if not self.split:
+            whole = min(max(x_hi / b_hi, lo_r), hi_r)
+            return whole, whole
+        return min(max(x_fixed / b_fixed, lo_r), hi_r), min(max(x_slope / b_slope, lo_r), hi_r)
+
+    @property
+    def split(self) -> bool:
+        """Whether attention showed enough in the base type's steps to be told from the rest (the probed
+        type's may well be small: that is what it measures, bounded by RATIO_BOUNDS)."""
+        (b_fixed, b_slope, b_hi), (x_fixed, x_slope, _) = self._line(self.base_kv), self._line(self.kv)
+        return (b_slope * self.contexts[1] >= MIN_ATTENTION_SHARE * b_hi and x_slope > 0
+                and b_fixed > 0 and x_fixed > 0)
+
+    def scale(self, fit: Fit) -> Fit:
+        """The base type's fit, scaled to the probed type: a forecast's step times until it runs."""
+        fixed, per_token = self.ratios
+        return Fit(tuple((b, g * fixed) for b, g in fit.knots), fit.per_kv_token_seconds * per_token,
+                   fit.rms_relative_error, 0, None, 0, fit.per_longest_token_seconds * per_token)
+
+    def record(self) -> dict[str, Any]:
+        fixed, per_token = self.ratios
+        return {"kv": self.kv, "base_kv": self.base_kv, "batch": self.batch, "contexts": list(self.contexts),
+                "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},
+                "prefill": {k: [[n, p, round(s, 6)] for n, p, s in v] for k, v in self.prefill.items()},
+                "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4), "ratio_split": self.split,
+                "probe_seconds": round(self.wall_s, 3), "source": "measured in a side cache"}
+
+
+def long_context(mean_context: float, ctx_per_agent: int) -> int:
+    """The long point: twice the swarm's mean context (where its forecasts go), within the side cache's bounds
+    and the per-agent context."""
+    want = min(max(2 * mean_context, LONG_CONTEXT_MIN), LONG_CONTEXT_MAX)
+    return int(max(2 * SHORT_CONTEXT, min(want, ctx_per_agent - STEPS - WARMUP - 8)))
+
+
+def _time_one(backend: Backend, batch: int, long: int) -> tuple[list[tuple[int, float, float]],
+                                                                list[tuple[int, int, float]]]:
+    """In the side cache: the history prefilled chunk by chunk, then the decode points."""
+    tokens = filler_tokens(backend, long)
+    prefill = []
+    step = min(PREFILL_CHUNK, backend.max_chunk_tokens)
+    for pos in range(0, long, step):
+        chunk = tokens[pos : pos + step]
+        prefill.append((len(chunk), pos, backend.prefill(0, chunk, pos)))
+    mid = WARMUP + (STEPS + 1) / 2  # a step at position L + i reads L + i + 1 cells
+    decode = [(batch, long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True).seconds_per_step)]
+    backend.truncate(0, SHORT_CONTEXT)  # the same cells, cut to the short point
+    for b in (batch, 1) if batch > 1 else (1,):
+        sec = time_decode(backend, b, SHORT_CONTEXT, STEPS, WARMUP, filled=True).seconds_per_step
+        decode.append((b, SHORT_CONTEXT + mid, sec))
+    return sorted(decode, key=lambda d: (d[0], d[1])), prefill
+
+
+def probe_kv(backend: Backend, base_kv: str, kv: str, batch: int, long: int) -> KvProbe:
+    """Times base_kv and kv alike in side caches of `batch` sequences; the live cache is left as it was.
+    Raises UserError where this build cannot make a context of that type."""
+    t0 = time.perf_counter()
+    decode, prefill = {}, {}
+    for k in (base_kv, kv):
+        with backend.side_cache(k, batch, long + STEPS + WARMUP + 8):
+            decode[k], prefill[k] = _time_one(backend, batch, long)
+    return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, prefill, time.perf_counter() - t0)

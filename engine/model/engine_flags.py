@@ -1,0 +1,76 @@
+"""A setting the tuner found, said as the flags of the engines people run: llama-server, vLLM, ZINC.
+
+Only what maps is printed; what has no counterpart says so, rather than a near-miss flag that would
+change something else."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from swarmtune.engine.model.bytes_model import ByteModel
+from swarmtune.engine.model.kv_types import kv_pair
+
+# llama.cpp cache type -> vLLM's --kv-cache-dtype: vLLM quantizes KV to 8-bit float only
+VLLM_KV = {"f16": "auto", "bf16": "auto", "f32": "auto", "q8_0": "fp8"}
+# llama.cpp cache type -> ZINC's --kv-quant
+ZINC_KV = {"f16": "f16", "q8_0": "q8", "q4_0": "q4"}
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    engine: str
+    flags: list[str]
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "flags": self.flags, "command": " ".join(self.flags), "notes": self.notes}
+
+
+def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm: ByteModel,
+                 weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None) -> list[EngineFlags]:
+    out = []
+    notes = []
+    # llama-server splits -c cells evenly over its -np slots: as many as the budget holds at this type
+    cells = batch_cap * ctx_per_agent
+    if kv_budget_bytes:
+        cells = min(cells, bm.budget_tokens(kv_budget_bytes, kv, batch_cap, ctx_per_agent))
+        if cells < batch_cap * ctx_per_agent:
+            notes.append(f"-c {cells}: what the KV budget holds at {kv}; each slot gets {cells // batch_cap} tokens")
+    t = kv_pair(kv)  # K and V apart: -ctk, -ctv
+    ll = ["-np", str(batch_cap), "-ctk", t.k.name, "-ctv", t.v.name, "-c", str(cells)]
+    if t.v.quantized:
+        notes.append("a quantized V cache needs flash attention: add -fa on where your build does not default to it")
+    if bm.has_swa:
+        notes.append("windowed layers: leave --swa-full off (the default) so each slot keeps only its window")
+    if residency == "swap":
+        ll += ["--slot-save-path", "SLOTS_DIR"]
+        notes.append("swap: an idle agent's slot saved and restored through POST /slots/{id}?action=save|restore")
+    elif residency == "drop":
+        notes.append("drop: no flag; an idle agent's slot is simply reused, and its prompt re-processed on return")
+    out.append(EngineFlags("llama-server", ["llama-server", *ll], notes))
+
+    v = ["vllm", "serve", "MODEL", "--max-num-seqs", str(batch_cap), "--max-model-len", str(ctx_per_agent)]
+    vnotes = []
+    if t.k == t.v and kv in VLLM_KV:
+        v += ["--kv-cache-dtype", VLLM_KV[kv]]
+    elif t.k != t.v:
+        vnotes.append(f"KV {kv}: vLLM sets one type for K and V (--kv-cache-dtype); no flag for them apart")
+    else:
+        vnotes.append(f"KV {kv}: vLLM has no such cache type (fp8 is its only quantized KV)")
+    if device_bytes and kv_budget_bytes:
+        util = min(0.98, (weight_bytes + kv_budget_bytes) / device_bytes)
+        v += ["--gpu-memory-utilization", f"{util:.2f}"]
+    else:
+        vnotes.append("--gpu-memory-utilization: the device's memory is unknown here")
+    if residency == "swap":
+        vnotes.append("swap: vLLM swaps or recomputes preempted requests itself (--swap-space where the version "
+                      "has it)")
+    out.append(EngineFlags("vLLM", v, vnotes))
+
+    z = ["zinc", "--parallel", str(batch_cap)]
+    znotes = ["ZINC's flag names as its README gives them; its --kv-quant values not checked against a build here"]
+    if t.k == t.v and kv in ZINC_KV:
+        z += ["--kv-quant", ZINC_KV[kv]]
+    else:
+        znotes.append(f"KV {kv}: no ZINC --kv-quant equivalent")
+    out.append(EngineFlags("ZINC", z, znotes))
+    return out
