@@ -2,6 +2,7 @@
 import statement, those inside functions included) holds on the package as the wheel lays it out, and
 breaks when the engine imports the dashboard, even inside a function."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -44,10 +45,25 @@ ABOVE_THE_CORE = ("swarmtune/server", "swarmtune/sources", "tui", "swarmtune/com
 MUTATORS = {"append", "extend", "clear", "pop", "remove", "insert", "add", "update", "discard", "sort"}
 
 
+def _writes(paths: list[Path], names: set[str], calls: bool) -> list[tuple[str, ast.Attribute]]:
+    """Each attribute named in `names` that a module assigns (and, with calls, changes by a mutating call
+    such as `.append`): "path:line" and the attribute's node."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            if calls and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in MUTATORS:
+                targets = [node.func.value]
+            out += [(f"{path.relative_to(ROOT)}:{node.lineno}", x) for t in targets for x in ast.walk(t)
+                    if isinstance(x, ast.Attribute) and x.attr in names]
+    return out
+
+
 def test_no_module_above_the_core_writes_an_agents_field():
     """An assignment to, or a mutating call on, an attribute named as one of Agent's fields, on anything but
     `self`, in a module above the core. (By name: `id` is left out, as every record has one.)"""
-    import ast
     import dataclasses
 
     from swarmtune.engine.agents.agent import Agent
@@ -55,38 +71,18 @@ def test_no_module_above_the_core_writes_an_agents_field():
     fields = {f.name for f in dataclasses.fields(Agent)} - {"id"}
     files = [p for top in ABOVE_THE_CORE for p in ([ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py"))]
     assert len(files) > 20, files  # the folders are where this test thinks they are
-    writes = []
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
-                targets = [node.func.value]
-            for t in targets:
-                for x in ast.walk(t):
-                    if isinstance(x, ast.Attribute) and x.attr in fields and \
-                            not (isinstance(x.value, ast.Name) and x.value.id == "self"):
-                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(x)}")
+    writes = [f"{where}: {ast.unparse(x)}" for where, x in _writes(files, fields, calls=True)
+              if not (isinstance(x.value, ast.Name) and x.value.id == "self")]
     assert not writes, writes
 
 
 def test_only_the_agent_changes_its_state():
     """An agent's state, its residency and what it waits for change only through its transitions
-    (engine/agents/agent.py): no other module assigns them."""
-    import ast
-
-    owned = {"state", "residency", "tool_ready_at", "tool_pending"}
-    writes = []
-    for path in (ROOT / "engine").rglob("*.py"):
-        if path.name == "agent.py" and path.parent.name == "agents":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
-            for t in targets:
-                for x in ast.walk(t):
-                    # `self.s.residency` is the setting, not an agent's
-                    if isinstance(x, ast.Attribute) and x.attr in owned and \
-                            not (isinstance(x.value, ast.Attribute) and x.value.attr == "s"):
-                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(x)}")
+    (engine/agents/agent.py): no other module of the engine, the server or the sources assigns them."""
+    files = [p for top in ("engine", "swarmtune/server", "swarmtune/sources") for p in (ROOT / top).rglob("*.py")
+             if p != ROOT / "engine" / "agents" / "agent.py"]
+    # `self.s.residency` is the setting, not an agent's
+    writes = [f"{where}: {ast.unparse(x)}"
+              for where, x in _writes(files, {"state", "residency", "tool_ready_at", "tool_pending"}, calls=False)
+              if not (isinstance(x.value, ast.Attribute) and x.value.attr == "s")]
     assert not writes, writes
