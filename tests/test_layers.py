@@ -86,3 +86,17 @@ def test_only_the_agent_changes_its_state():
               for where, x in _writes(files, {"state", "residency", "tool_ready_at", "tool_pending"}, calls=False)
               if not (isinstance(x.value, ast.Attribute) and x.value.attr == "s")]
     assert not writes, writes
+
+
+def test_what_drives_the_agents_edits_no_cells_itself():
+    """The synthetic swarm, the served conversations, the server and the sources ask engine/agents/cells.py
+    (begin again, continue from k cells, copy another agent's, cut) and call no backend method that changes
+    a sequence's cells: an agent's history and its cells cannot part."""
+    editing = {"drop", "truncate", "cut", "copy", "paste", "save_seq", "restore_seq"}
+    files = [p for top in ("engine/agents", "swarmtune/server", "swarmtune/sources") for p in (ROOT / top).rglob("*.py")
+             if p.name != "cells.py"]
+    calls = [f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}" for p in files
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in editing
+             and "backend" in ast.unparse(node.func.value)]
+    assert not calls, calls

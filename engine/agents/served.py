@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from swarmtune.engine.agents.agent import TAIL_CHARS, Agent, AgentState, Residency
 from swarmtune.engine.agents.agent_source import TrafficShape
+from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import cache_miss, chunk_reuse
 from swarmtune.engine.conversation.cache_miss import CacheMiss
@@ -143,6 +144,7 @@ class ServedAgents:
                  on_finish: Callable[[ServedRequest, RequestRecord], None] | None = None,
                  cache_reuse: int = chunk_reuse.DEFAULT_MIN_TOKENS) -> None:
         self.backend = backend
+        self.cells = Cells(backend)  # its agents' cells are edited only through it
         self.max_queue = max_queue
         self.copy_prefix = copy_prefix
         self.cache_reuse = cache_reuse  # the shortest run of old cells kept past a divergence; 0: off
@@ -234,8 +236,7 @@ class ServedAgents:
             # counted as free from now: before the engine's first step (which hands over its own list) a
             # burst would otherwise meet no free agent and get a 503 past max_queue alone
             self._agents.append(agent)
-        self.backend.drop(agent.seq)
-        agent.start([])
+        self.cells.restart(agent, [])
         agent.wait_for_client()
         agent.label, agent.reused_tokens, agent.tail, agent.miss = "", None, "", ""
         self._keys.pop(agent.id, None)
@@ -487,8 +488,7 @@ class ServedAgents:
         chunks = self._plan(held, req.prompt, keep)
         if not chunks:
             return []
-        handles = self.backend.cut(a.seq, keep, chunks)
-        a.truncated(keep)
+        handles = self.cells.cut(a, keep, chunks)
         return [KeptChunk(c.prompt_at, tuple(req.prompt[c.prompt_at : c.prompt_at + c.tokens]), h)
                 for c, h in zip(chunks, handles, strict=False)]
 
@@ -506,11 +506,7 @@ class ServedAgents:
         """Keep only the first `keep` tokens of its conversation."""
         if keep >= len(self._known(a)):
             return
-        if a.residency is Residency.HOST:
-            a.evict()  # its saved state holds the whole history: prefilled again up to `keep`
-        if a.residency is Residency.CACHE:
-            self.backend.truncate(a.seq, keep)
-        a.rewound(keep)
+        self.cells.continue_from(a, keep)
 
     def _donors(self, a: Agent) -> list[Agent]:
         return [d for d in self._agents if d is not a and d.residency is Residency.CACHE and d.history
@@ -549,8 +545,7 @@ class ServedAgents:
         if reuse[best.id] < MIN_COPY_TOKENS:
             return []
         n = min(common_prefix(best.history, req.prompt), len(req.prompt) - 1)
-        self.backend.copy(best.seq, a.seq)
-        a.copied(best.history)
+        self.cells.copy_from(best, a)
         kept = self._cut(a, n, req)
         self._rewind(a, n)
         req.copied_tokens, req.copied_from = n, best.id

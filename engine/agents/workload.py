@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from swarmtune.engine.agents.agent import TAIL_CHARS, Agent
+from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.records import StepRecord
 
@@ -42,6 +43,7 @@ class Workload:
     def __init__(self, backend: Backend, seed: int, gen_tokens: int, tool_tokens: int,
                  tool_latency_s: float = 0.0, tool_latency_sigma: float = 1.0) -> None:
         self.backend = backend
+        self.cells = Cells(backend)  # its agents' cells are edited only through it
         self.seed = seed
         self.gen_tokens = gen_tokens  # T: the most tokens an agent generates in one turn
         self.tool_tokens = tool_tokens  # M: tokens of each tool result
@@ -65,8 +67,7 @@ class Workload:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": r.choice(TASKS).format(mod=f"{mod}.py")},
         ]
-        self.backend.drop(agent.seq)  # the old task's cache goes
-        agent.start(self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True)))
+        self.cells.restart(agent, self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True)))
         self.seed_sampler(agent)
 
     def seed_sampler(self, agent: Agent) -> None:
