@@ -5,9 +5,8 @@ and take effect at the start of the next step."""
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
-from typing import Protocol
 
 import swarmtune
 from swarmtune.engine.agents.agent import Agent, AgentState
@@ -18,6 +17,7 @@ from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.cache_check import check_caches
 from swarmtune.engine.control import Control, EngineState, Pending
+from swarmtune.engine.engine_view import EngineSnapshot, QualityHook, TunerHook
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_switch import KVSwitch
 from swarmtune.engine.measure.analysis import StepAnalysis
@@ -36,41 +36,11 @@ from swarmtune.engine.settings import (
 from swarmtune.engine.tune_events import TuneEvent
 
 
-class TunerHook(Protocol):
-    """What the engine asks of a tuner (engine/tune/): it sees every record and turns the controls only
-    through `Engine.request`, as a person would."""
-
-    def prepare(self, engine: "Engine") -> list[TuneEvent]: ...
-
-    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]: ...
-
-    def restart(self) -> None: ...
-
-
-class QualityHook(Protocol):
-    """The live KV quality check (engine/quality/quality_check.py): sees every record, now and then measures."""
-
-    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]: ...
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """An engine's state as a shadow needs it to run on from here (Engine.snapshot)."""
-    slots: int
-    kv: str
-    ctx_per_agent: int
-    now_s: float
-    step_index: int
-    since_reference: int  # decode steps since the last batch-1 reference step
-    agents: tuple[Agent, ...]
-    analysis: StepAnalysis
-
-
 class Engine:
     def __init__(self, backend: Backend, settings: EngineSettings,
                  progress: Callable[[str, int, int], None] | None = None, meter: Meter | None = None,
-                 tuner: "TunerHook | None" = None, autotune: bool = False, agents: AgentSource | None = None,
-                 quality: "QualityHook | None" = None) -> None:
+                 tuner: TunerHook | None = None, autotune: bool = False, agents: AgentSource | None = None,
+                 quality: QualityHook | None = None) -> None:
         settings.validate(backend.facts.n_ctx_train)
         self.backend = backend
         self.facts = backend.facts

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.model.kv_types import kv_pair
 from swarmtune.engine.quality.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune_events import QualityChecked, TuneEvent
 
-if TYPE_CHECKING:  # the engine takes the check as a value (engine.py's QualityHook); it never imports this
+if TYPE_CHECKING:
     from swarmtune.engine.backends.llama_backend import KeptLogits, LlamaBackend
-    from swarmtune.engine.engine import Engine
 
 CHECK_POSITIONS = 64  # positions compared per check: two checks of one band reach MIN_POSITIONS
 MIN_HISTORY = 2 * CHECK_POSITIONS  # an agent with less history is not checked (too little context to mean much)
@@ -123,7 +123,7 @@ class QualityCheck:
         self._watch: _Watch | None = None
         self._sides = _SideContexts()
 
-    def enabled(self, engine: "Engine") -> bool:
+    def enabled(self, engine: EngineView) -> bool:
         return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
 
     def expected_s(self, tokens: int) -> float | None:
@@ -135,7 +135,7 @@ class QualityCheck:
         done, seconds = self._prefill
         return tokens * seconds / done if done >= 256 and seconds > 0 else None
 
-    def due(self, engine: "Engine", tokens: int) -> bool:
+    def due(self, engine: EngineView, tokens: int) -> bool:
         """A check fits: what it is expected to cost, on top of what the checks spent, within budget_share of
         the run so far (so the share holds after it, not only before)."""
         now = engine.now_s()
@@ -145,7 +145,7 @@ class QualityCheck:
     def close(self) -> None:
         self._sides.close()
 
-    def observe(self, engine: "Engine", rec: StepRecord) -> list[TuneEvent]:
+    def observe(self, engine: EngineView, rec: StepRecord) -> list[TuneEvent]:
         if rec.kind == "prefill" and rec.seconds > 0:
             self._prefill[0] += rec.tokens
             self._prefill[1] += rec.seconds
@@ -175,7 +175,7 @@ class QualityCheck:
             return n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)
         return sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
 
-    def _agent_to_check(self, engine: "Engine", setting: str, live: str) -> Agent | None:
+    def _agent_to_check(self, engine: EngineView, setting: str, live: str) -> Agent | None:
         """The agent the side contexts hold, while its history still extends what they hold (a check of it
         computes only its new tokens); else the longest history whose check fits the budget now, so that a
         first check comes early, on a short history, and the next ones follow it as it grows."""
@@ -191,11 +191,11 @@ class QualityCheck:
                 return a
         return None
 
-    def _stop_watch(self, engine: "Engine") -> None:
+    def _stop_watch(self, engine: EngineView) -> None:
         self._watch = None
         _llama(engine).keep_logits(None)
 
-    def _follow_watch(self, engine: "Engine") -> list[TuneEvent]:
+    def _follow_watch(self, engine: EngineView) -> list[TuneEvent]:
         w = self._watch
         assert w is not None
         agent = next((a for a in engine.agents if a.id == w.agent_id), None)
@@ -213,7 +213,7 @@ class QualityCheck:
         self._stop_watch(engine)
         return [self.check(_llama(engine), w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
 
-    def _candidate_to_check(self, engine: "Engine") -> str | None:
+    def _candidate_to_check(self, engine: EngineView) -> str | None:
         """While the swarm runs f16: the next wanted setting short of a figure at the swarm's longest context."""
         context = max((len(a.history) for a in engine.agents), default=0)
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
@@ -276,7 +276,7 @@ class QualityCheck:
                 f"against {REFERENCE}/{REFERENCE}: {how} ({wall:.2f} s, {computed} tokens computed); {what}")
 
 
-def _llama(engine: "Engine") -> "LlamaBackend":
+def _llama(engine: EngineView) -> "LlamaBackend":
     """The engine's backend, which is llama.cpp's wherever the check runs (enabled() says so): it has side
     contexts to score in and keeps the live cache's logits."""
     return cast("LlamaBackend", engine.backend)

@@ -1,16 +1,15 @@
-"""The auto-tuner, a package of its own: `goal.py` (objectives, constraints, the setting it moves),
-`tally.py` (what a stretch of steps did), `simulator.py` (this run, calibrated, to forecast with),
-`experiment.py` (a setting tried on the live swarm against the incumbent, in interleaved blocks),
-`cost.py` (what the tuner spends), `measured.py` (what it learned of this machine: prefill, swap and
-switch rates, side-cache probes; the calibrated simulator on them), `shadow.py` (the live engine's shadow
-on a simulator, built from `Engine.snapshot`, which every forecast runs), `forecast.py` (the swarm run
-forward under a setting; the thinking it costs), `outcome.py` (forecasts of staying checked against what
-came: the stated error), `propose.py` (the neighbours, and which one is worth an experiment),
-`verdict.py` (an experiment's verdicts after each pair), `report.py` (what its end says),
-`quality_guard.py` (the quality budget's move back to f16) and `tuner.py` (the wiring: what the engine
-calls after every record). It changes the engine only through `Engine.request`, as a person would,
-and learns from the records it is shown (it still reads the engine's settings, agents and fits directly:
-issue 34's read-only view is to come)."""
+"""The auto-tuner, a package of its own: `goal.py` (objectives, constraints, the setting it moves), `tally.py`
+(what a stretch of steps did), `simulator.py` (this run, calibrated, to forecast with), `experiment.py` (a
+setting tried on the live swarm against the incumbent, in interleaved blocks), `cost.py` (what the tuner
+spends), `measured.py` (what it learned of this machine: prefill, swap and switch rates, side-cache probes;
+the calibrated simulator on them), `shadow.py` (the live engine's shadow on a simulator, built from
+`Engine.snapshot`, which every forecast runs), `forecast.py` (the swarm run forward under a setting; the
+thinking it costs), `outcome.py` (forecasts of staying checked against what came: the stated error),
+`propose.py` (the neighbours, and which one is worth an experiment), `verdict.py` (an experiment's verdicts
+after each pair), `report.py` (what its end says), `quality_guard.py` (the quality budget's move back to
+f16) and `tuner.py` (the wiring: what the engine calls after every record). It sees the engine through
+`EngineView` (engine/engine_view.py): read-only, and it changes the engine only through `request`, as a
+person would; it learns from the records it is shown (a refused KV type among them)."""
 
 from swarmtune.engine.tune.goal import OBJECTIVES, Goal, Setting, parse_allowed_kv, parse_objective
 from swarmtune.engine.tune.tally import SpanTally, Tally

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from swarmtune.engine.backends.sim_backend import SimBackend, StepScale
 from swarmtune.engine.control import Control
-from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import Stalled, UserError
 from swarmtune.engine.measure.power.meter import Meter, ModeledMeter, NoMeter
 from swarmtune.engine.settings import cap_in_force
@@ -47,7 +47,7 @@ class Forecaster:
         epoch's credit (one look early in a run would otherwise skip the next three)."""
         return self.cost.think_s > self.goal.think_share * (max(now, 1.0) + self.goal.epoch_s)
 
-    def think(self, engine: Engine, t0: float, c0: float, forecasts: int) -> None:
+    def think(self, engine: EngineView, t0: float, c0: float, forecasts: int) -> None:
         """What a look's forecasts held the swarm up: wall seconds on a real backend (measured); on the sim,
         whose clock does not wait for them, Goal.sim_think_s per forecast (modeled)."""
         self.cost.think_cpu_s += time.thread_time() - c0
@@ -76,7 +76,7 @@ class Forecaster:
         return [_mean(run[k].objective_value(self.goal) for run in runs) for k in range(len(runs[0]))]
 
     # running forward
-    def forecast(self, engine: Engine, setting: Setting, seeds: range | None = None,
+    def forecast(self, engine: EngineView, setting: Setting, seeds: range | None = None,
                  scale: dict[str, StepScale] | None = None) -> Runs | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
@@ -88,7 +88,7 @@ class Forecaster:
         done = [r for r in runs if r is not None]
         return None if len(done) < len(runs) else done
 
-    def _once(self, engine: Engine, setting: Setting, k: int, start: float,
+    def _once(self, engine: EngineView, setting: Setting, k: int, start: float,
               scale: dict[str, StepScale] | None = None) -> list[Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
         would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
@@ -122,10 +122,10 @@ class Forecaster:
             steps += 1
         return tally.finish()
 
-    def simulator(self, engine: Engine) -> SimBackend | None:
+    def simulator(self, engine: EngineView) -> SimBackend | None:
         return self.measured.simulator(engine)
 
-    def learned_scale(self, engine: Engine) -> dict[str, StepScale]:
+    def learned_scale(self, engine: EngineView) -> dict[str, StepScale]:
         """The step-time factors experiments measured, for the KV types whose model is still not their own
         steps' fit (always, on the sim: its model is the stated card)."""
         out = {}
@@ -135,7 +135,7 @@ class Forecaster:
                 out[kv] = sc
         return out
 
-    def corrected_gain(self, engine: Engine, x: Experiment, sc: StepScale) -> float | None:
+    def corrected_gain(self, engine: EngineView, x: Experiment, sc: StepScale) -> float | None:
         """log of the objective's gain of the candidate over the incumbent, forecast over what is left of the
         horizon with the candidate's step times scaled by these factors (what its steps measured against the
         model, relative to the incumbent's)."""
@@ -151,7 +151,7 @@ class Forecaster:
         return None if g is None or g <= -1 else math.log1p(g)
 
 
-def _meter(engine: Engine) -> Meter:
+def _meter(engine: EngineView) -> Meter:
     m = engine.meter
     if isinstance(m, ModeledMeter):
         return ModeledMeter(m.floor_watts, m.per_agent_watts)

@@ -6,7 +6,7 @@ import time
 
 from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.backends.sim_backend import SimBackend
-from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.measure.kv_probe import KvProbe, long_context, probe_kv
 from swarmtune.engine.measure.prefill_model import PrefillCalibration
@@ -58,7 +58,7 @@ class Measured:
         """One of the tuner's KV switches: the cells it converted or prefilled, and its seconds."""
         self.switches = (self.switches + [(cells, seconds)])[-16:]
 
-    def probe_missing(self, engine: Engine, base_kv: str, candidates: set[str], cost: Spending) -> list[TuneEvent]:
+    def probe_missing(self, engine: EngineView, base_kv: str, candidates: set[str], cost: Spending) -> list[TuneEvent]:
         """Times each candidate KV type that has not run against the run's own (base_kv), once per run, at
         the widest batch a candidate can have: a forecast of switching to it needs its step time on this
         machine. Its seconds are the tuner's probe cost."""
@@ -106,7 +106,7 @@ class Measured:
                                   f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
         return out
 
-    def step_time_source(self, engine: Engine, kv: str) -> str:
+    def step_time_source(self, engine: EngineView, kv: str) -> str:
         """Where a forecast's step times at this KV type come from."""
         own = engine.analysis.fit(kv)
         p = self.probes.get(kv)
@@ -116,7 +116,7 @@ class Measured:
             return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (modeled from measured ratios)"
         return "borrowed from another KV type's fit, unscaled (never timed at this type)"
 
-    def simulator(self, engine: Engine) -> SimBackend | None:
+    def simulator(self, engine: EngineView) -> SimBackend | None:
         """The swarm's simulator: the card as stated on the sim, else this run calibrated."""
         b = engine.backend
         if isinstance(b, SimBackend):  # the card as its profile states it (the card itself, unless mis-stated)
@@ -143,7 +143,7 @@ class Measured:
                     host_link_bytes_per_s=swap_bw)
         return CalibratedSim(prof, fits, prefills, engine.s.kv)
 
-    def switch_s(self, engine: Engine, kv: str) -> float:
+    def switch_s(self, engine: EngineView, kv: str) -> float:
         """What one KV switch from kv is expected to cost: its rebuild, at the rate this run's switches
         measured (cells per second), else at CONVERT_BYTES_PER_S."""
         fixed = 0.0 if engine.backend.source == "simulated" else SWITCH_FIXED_S

@@ -6,7 +6,7 @@ the swarm has moved (its contexts, its KV budget, the shape of its turns)."""
 import math
 from dataclasses import replace
 
-from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.quality.quality_check import QualityLedger
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
@@ -39,7 +39,7 @@ class Proposer:
         # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
         self.tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
 
-    def candidates(self, engine: Engine, cur: Setting) -> list[Setting]:
+    def candidates(self, engine: EngineView, cur: Setting) -> list[Setting]:
         n = len(engine.agents)
         caps = sorted({max(1, cur.batch_cap // 2), cap_in_force(cur.batch_cap * 2, n), n} - {cur.batch_cap})
         kvs = [k for k in (self.goal.allowed_kv or (engine.s.kv,)) if k != cur.kv]
@@ -59,12 +59,12 @@ class Proposer:
             out = [c for c in out if engine.budget_tokens(c.kv) >= min_context(engine.s)]
         return out
 
-    def remember_tried(self, engine: Engine, s: Setting) -> None:
+    def remember_tried(self, engine: EngineView, s: Setting) -> None:
         """s was left (not kept, or replaced): not proposed again until the swarm moves."""
         self.tried[s] = (mean_context([a.context for a in engine.agents]), engine.s.kv_budget_bytes,
                          turn_shape(engine))
 
-    def propose(self, engine: Engine, cur: Setting, base: Runs, kv_only: bool, explored_s: float,
+    def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool, explored_s: float,
                 steps_at_cur: list[StepRecord]) -> tuple[Experiment, Trial] | None:
         """The neighbour the forecasts rank best, as an experiment and its record; None where none is worth
         one. kv_only: only the KV types; explored_s: what exploratory experiments took so far; steps_at_cur:
@@ -152,21 +152,21 @@ class Proposer:
                         explore_least_s=None if explore is None else round(explore[1], 3),
                         explore_budget_s=None if explore is None else round(explore[2], 3))
 
-    def timed(self, engine: Engine, kv: str) -> bool:
+    def timed(self, engine: EngineView, kv: str) -> bool:
         """This machine's step times at a KV type are known: the sim's card states them; on a real backend a
         fit of its own steps, a probe in a side cache, or what an experiment measured of it."""
         if engine.backend.source == "simulated" or kv in self.fc.measured_scale:
             return True
         return not self.fc.measured.step_time_source(engine, kv).startswith("borrowed")
 
-    def switch_s(self, engine: Engine, a: Setting, b: Setting) -> float:
+    def switch_s(self, engine: EngineView, a: Setting, b: Setting) -> float:
         return 0.0 if a.kv == b.kv else self.fc.measured.switch_s(engine, a.kv)
 
-    def block_s(self, engine: Engine, a: Setting, b: Setting) -> float:
+    def block_s(self, engine: EngineView, a: Setting, b: Setting) -> float:
         """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs."""
         return max(self.goal.block_s, BLOCK_PER_SWITCH * self.switch_s(engine, a, b))
 
-    def _retry_blocked(self, engine: Engine, s: Setting, mean_ctx: float) -> bool:
+    def _retry_blocked(self, engine: EngineView, s: Setting, mean_ctx: float) -> bool:
         """A setting an experiment did not keep (or replaced), under conditions that have not moved since: the
         contexts, the budget and the turns' shape."""
         p = self.tried.get(s)
@@ -177,7 +177,7 @@ class Proposer:
         return not moved and budget == engine.s.kv_budget_bytes and shape == turn_shape(engine)
 
 
-def quality_ledger(engine: Engine) -> QualityLedger | None:
+def quality_ledger(engine: EngineView) -> QualityLedger | None:
     """The live quality check's ledger (engine/quality/quality_check.py), where the engine has one."""
     ledger = getattr(engine.quality, "ledger", None)
     return ledger if isinstance(ledger, QualityLedger) else None
@@ -196,7 +196,7 @@ def what(a: Setting, b: Setting) -> str:
                      if getattr(a, k) != getattr(b, k))
 
 
-def turn_shape(engine: Engine) -> tuple[int, int]:
+def turn_shape(engine: EngineView) -> tuple[int, int]:
     """What a turn generates and what its tool result adds: the workload's shape, which the forecasts take
     from the engine's settings, and which can change while the swarm runs."""
     return engine.s.gen_tokens, engine.s.tool_tokens

@@ -3,7 +3,7 @@ budget (its KL grows with the contexts) is left at once for the reference (f16),
 
 from dataclasses import replace
 
-from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.quality.kv_quality import REFERENCE
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.tune.goal import Goal, Setting
@@ -11,7 +11,7 @@ from swarmtune.engine.tune.propose import quality_ledger
 from swarmtune.engine.tune_events import Decision
 
 
-def past_budget(goal: Goal, engine: Engine, live: Setting) -> Decision | None:
+def past_budget(goal: Goal, engine: EngineView, live: Setting) -> Decision | None:
     """The move back to the reference where the live setting was measured past the budget, else None."""
     budget = goal.kv_quality
     ledger = quality_ledger(engine)

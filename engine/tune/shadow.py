@@ -7,11 +7,12 @@ from swarmtune.engine.agents.agent import AgentState, Residency
 from swarmtune.engine.backends.clock import SimClock
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.settings import EngineSettings
 
 
-def shadow_of(live: Engine, sim: SimBackend, settings: EngineSettings, meter: Meter | None = None) -> Engine:
+def shadow_of(live: EngineView, sim: SimBackend, settings: EngineSettings, meter: Meter | None = None) -> Engine:
     """Every agent as it stands (its history, turn, tool wait, residency), the clock, the step count, the
     batch-1 reference's schedule. Its cache holds what the live one holds. The shadow's samplers draw their
     own tokens: what it forecasts is time, not text."""

@@ -22,7 +22,7 @@ import time
 from collections import deque
 
 from swarmtune.engine.control import Control
-from swarmtune.engine.engine import Engine  # the engine takes a tuner as a value; it never imports this package
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.tune.cost import Spending
@@ -81,7 +81,7 @@ class Tuner:
         self._recent: deque[tuple[StepRecord, Setting]] = deque()
 
     # what the engine calls after every record
-    def observe(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
+    def observe(self, engine: EngineView, rec: StepRecord) -> list[TuneEvent]:
         out: list[TuneEvent] = []
         now = engine.now_s()
         if self._epoch_start_s is None:
@@ -122,7 +122,7 @@ class Tuner:
         if cells:
             self.measured.switched(float(cells), seconds)
 
-    def _quality_guard(self, engine: Engine) -> list[TuneEvent]:
+    def _quality_guard(self, engine: EngineView) -> list[TuneEvent]:
         """Under a quality budget, the live KV setting measured past it is left at once for the reference,
         and said why (engine/tune/quality_guard.py); an experiment under way is abandoned."""
         if self._switching:
@@ -152,7 +152,7 @@ class Tuner:
             out.append(rec)
         return out[::-1]
 
-    def _fit_matured(self, engine: Engine) -> bool:
+    def _fit_matured(self, engine: EngineView) -> bool:
         """A first look that changed nothing was made on a fit of a few steps (a real backend's model of this
         machine is its own steps): once that fit has MIN_OWN_FIT_SAMPLES, it looks again rather than an epoch
         later."""
@@ -167,7 +167,7 @@ class Tuner:
         one, where an experiment on the swarm itself measures the type where it matters."""
         return self.goal.run_s is None or self.goal.run_s >= PROBE_MIN_RUN_S
 
-    def prepare(self, engine: Engine) -> list[TuneEvent]:
+    def prepare(self, engine: EngineView) -> list[TuneEvent]:
         """At the run's start, before its first step (a real backend): time the allowed KV types in a side
         cache, then take the first look at once (an experiment's first block begins with the first step)."""
         if engine.backend.source == "simulated" or self._looked:
@@ -181,7 +181,7 @@ class Tuner:
             out += self._look(engine, engine.now_s(), kv_only=True)
         return out
 
-    def _look(self, engine: Engine, now: float, kv_only: bool = False) -> list[TuneEvent]:
+    def _look(self, engine: EngineView, now: float, kv_only: bool = False) -> list[TuneEvent]:
         """Forecast staying (checked later against what comes) and propose: an experiment, or nothing.
         kv_only: weigh only the KV types (a look before the first step)."""
         self._looked = True
@@ -216,7 +216,7 @@ class Tuner:
         return out
 
     @staticmethod
-    def setting(engine: Engine) -> Setting:
+    def setting(engine: EngineView) -> Setting:
         st = engine.state()
         return Setting(st.batch_cap, st.kv, st.residency)
 
@@ -229,13 +229,13 @@ class Tuner:
         """The spans of a forecast over the default horizon."""
         return self.forecaster.spans_for(self.goal.horizon_s)
 
-    def forecast(self, engine: Engine, setting: Setting) -> Runs | None:
+    def forecast(self, engine: EngineView, setting: Setting) -> Runs | None:
         return self.forecaster.forecast(engine, setting)
 
-    def candidates(self, engine: Engine, cur: Setting) -> list[Setting]:
+    def candidates(self, engine: EngineView, cur: Setting) -> list[Setting]:
         return self.proposer.candidates(engine, cur)
 
-    def propose(self, engine: Engine, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
+    def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
         """An experiment, where the proposer finds one worth it: it starts with the next record."""
         proposed = self.proposer.propose(engine, cur, base, kv_only, self._explored_s, self._steps_at(cur))
         if proposed is None:
@@ -244,12 +244,12 @@ class Tuner:
         self.cost.experiments += 1
         return trial
 
-    def _probe_missing(self, engine: Engine, cur: Setting) -> list[TuneEvent]:
+    def _probe_missing(self, engine: EngineView, cur: Setting) -> list[TuneEvent]:
         kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv}
         return self.measured.probe_missing(engine, cur.kv, kvs, self.cost)
 
     # running an experiment
-    def _experiment_step(self, engine: Engine, rec: StepRecord) -> list[TuneEvent]:
+    def _experiment_step(self, engine: EngineView, rec: StepRecord) -> list[TuneEvent]:
         x = self._exp
         assert x is not None
         live = self.setting(engine)
@@ -273,7 +273,7 @@ class Tuner:
         self._move(engine, live, x.setting_for(nxt))
         return []
 
-    def _move(self, engine: Engine, cur: Setting, to: Setting) -> bool:
+    def _move(self, engine: EngineView, cur: Setting, to: Setting) -> bool:
         if cur == to:
             return True
         try:
@@ -288,7 +288,7 @@ class Tuner:
         self.checks.drop_moved(self.setting(engine))
         return True
 
-    def _end(self, engine: Engine, result: str, live: Setting) -> list[TuneEvent]:
+    def _end(self, engine: EngineView, result: str, live: Setting) -> list[TuneEvent]:
         """An experiment's end: the swarm at the winner (the incumbent unless kept), its record, its cost."""
         x = self._exp
         assert x is not None
@@ -306,7 +306,7 @@ class Tuner:
         return ended(x, result, live, forecast_verdict(x), lost, self.goal, engine.backend.source, mean_ctx,
                      self.forecaster.horizon_at(engine.now_s()), self.cost, engine.now_s())
 
-    def outcome_now(self, engine: Engine) -> Experimented | None:
+    def outcome_now(self, engine: EngineView) -> Experimented | None:
         """An experiment still running when the run ends: what it measured so far (no verdict on the setting;
         the forecast's verdict where there are pairs enough). The swarm is left as it is."""
         if self._exp is None:

@@ -11,7 +11,7 @@ import math
 import time
 
 from swarmtune.engine.backends.sim_backend import StepScale
-from swarmtune.engine.engine import Engine
+from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.tune.experiment import MIN_PAIRS, Experiment
 from swarmtune.engine.tune.forecast import Forecaster
 from swarmtune.engine.tune.goal import Goal
@@ -33,7 +33,7 @@ class Judge:
         experiment could find."""
         return max(MAX_BLOCK_EPOCHS * self.goal.epoch_s, self.fc.horizon_at(now) / 6)
 
-    def room_for_a_pair(self, engine: Engine, x: Experiment) -> bool:
+    def room_for_a_pair(self, engine: EngineView, x: Experiment) -> bool:
         """Another pair fits: its blocks at most max_block_s (a switch dearer than a quarter of that costs
         more than an experiment can find), and, in a run of known length, as long again left after it to
         reap what it finds."""
@@ -41,7 +41,7 @@ class Judge:
             return False
         return self.goal.run_s is None or self.goal.run_s - engine.now_s() >= 2 * 2 * x.block_s
 
-    def judge(self, engine: Engine, x: Experiment) -> str | None:
+    def judge(self, engine: EngineView, x: Experiment) -> str | None:
         """kept | rejected | gave up, or None for another pair. (For a KV type the objective's pairs are no
         guard: one that holds more of the swarm in the budget spends its first blocks prefilling what it
         newly admits, and the other gives it back on the way out, so over blocks of a second or two they
@@ -94,7 +94,7 @@ class Judge:
                 self.fc.think(engine, t0, c0, self.fc.cost.forecasts - f0)
         return "gave up" if obj.pairs >= x.max_pairs else None
 
-    def judge_early(self, engine: Engine, x: Experiment) -> str | None:
+    def judge_early(self, engine: EngineView, x: Experiment) -> str | None:
         """On one or two pairs: "rejected" where, with the incumbent's own noise before the experiment for
         their spread, even the favourable bound falls short of the bar (as judge decides with three or more:
         on the step times forecast again for a KV type, on the objective's pairs for the others), else None.
