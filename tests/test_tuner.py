@@ -307,7 +307,7 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
     assert e.tuner.measured.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
     # the first look came at once: staying is being checked, and an experiment may have begun
-    assert e.tuner._looked and (e.tuner.checks.open_settings or e.tuner._exp is not None)
+    assert e.tuner._looked and (e.tuner.checks.open_settings or e.tuner.trials.exp is not None)
     steps = [e.step() for _ in range(40)]
     assert all(r.kind != "tune" or r.tune.to_json()["phase"] != "probed" for r in steps)  # once per type and run
     kinds = [r.kind for r in steps]

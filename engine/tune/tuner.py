@@ -21,21 +21,19 @@ moves between records: the experiment under way, the epoch, the recent steps, th
 import time
 from collections import deque
 
-from swarmtune.engine.control import Control
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import StepRecord, mean_context
+from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
-from swarmtune.engine.tune.experiment import MIN_PAIRS, Experiment
+from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster, Runs
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES, Measured
 from swarmtune.engine.tune.outcome import ForecastChecks
-from swarmtune.engine.tune.propose import BLOCK_PER_SWITCH, Proposer
+from swarmtune.engine.tune.propose import Proposer
 from swarmtune.engine.tune.quality_guard import past_budget
-from swarmtune.engine.tune.report import ended
 from swarmtune.engine.tune.tally import SpanTally
-from swarmtune.engine.tune.verdict import Judge, forecast_verdict, learned_scale
+from swarmtune.engine.tune.trials import Trials, setting_of
+from swarmtune.engine.tune.verdict import Judge
 from swarmtune.engine.tune_events import Experimented, Trial, TuneEvent
 
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
@@ -57,6 +55,8 @@ class Tuner:
         self.forecaster = Forecaster(goal, self.measured, self.cost)
         self.judge = Judge(goal, self.forecaster)
         self.proposer = Proposer(goal, self.forecaster, self.checks, self.judge)
+        self.trials = Trials(goal, self.measured, self.cost, self.checks, self.judge, self.forecaster,
+                             self.proposer, on_end=self._epoch_from)
         self.restart()
 
     @property
@@ -66,7 +66,7 @@ class Tuner:
     @goal.setter
     def goal(self, goal: Goal) -> None:
         """A goal set again (a run's length once known): every part reads the new one."""
-        self._goal = self.forecaster.goal = self.judge.goal = self.proposer.goal = goal
+        self._goal = self.forecaster.goal = self.judge.goal = self.proposer.goal = self.trials.goal = goal
 
     def restart(self) -> None:
         """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
@@ -74,9 +74,7 @@ class Tuner:
         self._looked = False
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
         self.checks.restart()
-        self._exp: Experiment | None = None
-        self._switching = False  # a KV switch asked for: its rebuild record is the tuner's cost
-        self._explored_s = 0.0  # engine seconds of exploratory experiments (both sides' blocks)
+        self.trials.restart()  # the experiment under way, the switch in flight
         # the last NOISE_WINDOW_S of steps and the setting each ran at: the noise an experiment starts with
         self._recent: deque[tuple[StepRecord, Setting]] = deque()
 
@@ -87,7 +85,7 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self.measured.learn(rec)
-        self._account(rec)
+        self.trials.account(rec)
         self._remember(rec, self.setting(engine))
         if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
@@ -96,44 +94,25 @@ class Tuner:
         out += self._quality_guard(engine)
         self.checks.drop_moved(self.setting(engine))
         self.checks.observe(rec, self.goal)
-        if self._exp is not None:
-            return out + self._experiment_step(engine, rec)
+        if self.trials.exp is not None:
+            return out + self.trials.step(engine, rec)
         first_look = not self._looked and self.forecaster.simulator(engine) is not None
         if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look
                                      and not self._fit_matured(engine)):
             return out
         return out + self._look(engine, now)
 
-    def _account(self, rec: StepRecord) -> None:
-        """A rebuild the tuner asked for is its cost: its seconds and the cells it converted or prefilled."""
-        if rec.kind != "rebuild" or not self._switching:
-            return
-        self._switching = False
-        seconds = rec.seconds + rec.residency_seconds
-        cells = rec.converted_tokens + rec.tokens
-        self.cost.switch_s += seconds
-        self.cost.switch_cells += cells
-        if self._exp is not None:
-            self._exp.switch_s += seconds
-            self._exp.switch_cells += cells
-            # the blocks grow with what a switch measured: its share of the experiment stays small (up to
-            # MAX_BLOCK_EPOCHS epochs: a switch dearer than that makes the experiment give up, below)
-            self._exp.block_s = max(self._exp.block_s, BLOCK_PER_SWITCH * seconds)
-        if cells:
-            self.measured.switched(float(cells), seconds)
-
     def _quality_guard(self, engine: EngineView) -> list[TuneEvent]:
         """Under a quality budget, the live KV setting measured past it is left at once for the reference,
         and said why (engine/tune/quality_guard.py); an experiment under way is abandoned."""
-        if self._switching:
+        if self.trials.switching:
             return []
         live = self.setting(engine)
         decision = past_budget(self.goal, engine, live)
         if decision is None:
             return []
-        if self._exp is not None:
-            self._exp = None  # its candidate or its incumbent crossed the budget: nothing it measures counts
-        if not self._move(engine, live, decision.to):
+        self.trials.exp = None  # its candidate or its incumbent crossed the budget: nothing it measures counts
+        if not self.trials.move(engine, live, decision.to):
             return []
         self.proposer.remember_tried(engine, live)
         return [decision]
@@ -217,8 +196,10 @@ class Tuner:
 
     @staticmethod
     def setting(engine: EngineView) -> Setting:
-        st = engine.state()
-        return Setting(st.batch_cap, st.kv, st.residency)
+        return setting_of(engine)
+
+    def _epoch_from(self, now_s: float) -> None:
+        self._epoch_start_s = now_s
 
     def stated_error(self, span: int | None = None) -> float | None:
         """The stated error over a span (engine/tune/outcome.py); by default the default horizon's last."""
@@ -237,10 +218,10 @@ class Tuner:
 
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
         """An experiment, where the proposer finds one worth it: it starts with the next record."""
-        proposed = self.proposer.propose(engine, cur, base, kv_only, self._explored_s, self._steps_at(cur))
+        proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._steps_at(cur))
         if proposed is None:
             return None
-        self._exp, trial = proposed
+        self.trials.exp, trial = proposed
         self.cost.experiments += 1
         return trial
 
@@ -248,69 +229,6 @@ class Tuner:
         kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv}
         return self.measured.probe_missing(engine, cur.kv, kvs, self.cost)
 
-    # running an experiment
-    def _experiment_step(self, engine: EngineView, rec: StepRecord) -> list[TuneEvent]:
-        x = self._exp
-        assert x is not None
-        live = self.setting(engine)
-        if live not in (x.incumbent, x.candidate) and not self._switching:
-            return self._end(engine, "abandoned", live)  # a person moved the setting under it
-        before = sum(b.tally.seconds for b in x.blocks)
-        nxt = x.add(rec, live)
-        spent = sum(b.tally.seconds for b in x.blocks) - before
-        self.cost.experiment_s += spent
-        if x.exploratory:
-            self._explored_s += spent
-        if nxt is None:
-            if self.goal.run_s is not None and engine.now_s() >= self.goal.run_s - 1e-9:
-                return self._end(engine, "ended", live)
-            return []
-        verdict = self.judge.judge(engine, x) if len(x.blocks) % 2 == 1 else None  # a pair just closed
-        if verdict is None and len(x.blocks) % 2 == 1 and not self.judge.room_for_a_pair(engine, x):
-            verdict = "gave up"
-        if verdict is not None:
-            return self._end(engine, verdict, live)
-        self._move(engine, live, x.setting_for(nxt))
-        return []
-
-    def _move(self, engine: EngineView, cur: Setting, to: Setting) -> bool:
-        if cur == to:
-            return True
-        try:
-            engine.request(Control(batch_cap=to.batch_cap if to.batch_cap != cur.batch_cap else None,
-                                   kv=to.kv if to.kv != cur.kv else None,
-                                   residency=to.residency if to.residency != cur.residency else None))
-        except UserError:  # the swarm changed under it (agents removed meanwhile)
-            return False
-        self.cost.switches += 1
-        if to.kv != cur.kv:
-            self._switching = True
-        self.checks.drop_moved(self.setting(engine))
-        return True
-
-    def _end(self, engine: EngineView, result: str, live: Setting) -> list[TuneEvent]:
-        """An experiment's end: the swarm at the winner (the incumbent unless kept), its record, its cost."""
-        x = self._exp
-        assert x is not None
-        self._exp = None
-        mean_ctx = mean_context([a.context for a in engine.agents])
-        if result != "abandoned":
-            self._move(engine, live, x.candidate if result == "kept" else x.incumbent)
-            self.proposer.remember_tried(engine, x.incumbent if result == "kept" else x.candidate)
-        lost = x.tokens_lost()
-        self.cost.tokens_lost += lost
-        self._epoch_start_s = engine.now_s()  # the next look an epoch from now, on the setting it holds
-        self.checks.drop_moved(self.setting(engine))
-        if (scale := learned_scale(x)) is not None:
-            self.forecaster.measured_scale[x.candidate.kv] = scale
-        return ended(x, result, live, forecast_verdict(x), lost, self.goal, engine.backend.source, mean_ctx,
-                     self.forecaster.horizon_at(engine.now_s()), self.cost, engine.now_s())
-
     def outcome_now(self, engine: EngineView) -> Experimented | None:
-        """An experiment still running when the run ends: what it measured so far (no verdict on the setting;
-        the forecast's verdict where there are pairs enough). The swarm is left as it is."""
-        if self._exp is None:
-            return None
-        out = self._end(engine, "ended", self.setting(engine))
-        return next((e for e in out if isinstance(e, Experimented)), None)
-
+        """An experiment still running when the run ends: what it measured so far (engine/tune/trials.py)."""
+        return self.trials.outcome_now(engine)
