@@ -108,8 +108,8 @@ def test_a_run_of_known_length_plans_only_for_what_is_left_of_it():
 
 def test_a_short_run_tries_kv_types_on_the_swarm_rather_than_probing_them():
     # a probe costs 3-8 s here: 4-8% of a 100 s run, under 1% of a long one
-    assert not Tuner(Goal(run_s=100.0)).probes_pay()
-    assert Tuner(Goal(run_s=3600.0)).probes_pay() and Tuner(Goal()).probes_pay()
+    assert not Goal(run_s=100.0).probes_pay()
+    assert Goal(run_s=3600.0).probes_pay() and Goal().probes_pay()
 
 
 def test_a_kv_types_measured_factor_goes_on_attention_and_is_clamped():

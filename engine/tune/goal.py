@@ -10,6 +10,7 @@ from swarmtune.engine.tune_events import Setting
 __all__ = ["OBJECTIVES", "Goal", "Setting", "parse_allowed_kv", "parse_objective"]
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
+PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Goal:
     # the most mean KL (nats per token, against f16/f16) a KV setting may cost at the swarm's contexts, as the
     # live check measured it (engine/quality/quality_check.py); None: off (speed alone decides, as before)
     kv_quality: float | None = None
+
+    def probes_pay(self) -> bool:
+        """A side-cache probe costs 3-8 s of the swarm's time on these 2-core CPUs (two prefilled histories
+        per type): worth it in a run of unknown length (the dashboard, serve) or a long one, not in a short
+        one, where an experiment on the swarm itself measures the type where it matters."""
+        return self.run_s is None or self.run_s >= PROBE_MIN_RUN_S
 
 
 def parse_objective(text: str) -> tuple[str, float]:

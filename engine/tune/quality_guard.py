@@ -7,8 +7,26 @@ from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.quality.kv_quality import REFERENCE
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.tune.goal import Goal, Setting
-from swarmtune.engine.tune.propose import quality_ledger
-from swarmtune.engine.tune_events import Decision
+from swarmtune.engine.tune.propose import Proposer, quality_ledger
+from swarmtune.engine.tune.trials import Trials, setting_of
+from swarmtune.engine.tune_events import Decision, TuneEvent
+
+
+def quality_guard(goal: Goal, engine: EngineView, trials: Trials, proposer: Proposer) -> list[TuneEvent]:
+    """Under a quality budget, the live KV setting measured past it is left at once for the reference, and
+    said why; an experiment under way is abandoned (its candidate or its incumbent crossed the budget:
+    nothing it measures counts)."""
+    if trials.switching:
+        return []
+    live = setting_of(engine)
+    decision = past_budget(goal, engine, live)
+    if decision is None:
+        return []
+    trials.exp = None
+    if not trials.move(engine, live, decision.to):
+        return []
+    proposer.remember_tried(engine, live)
+    return [decision]
 
 
 def past_budget(goal: Goal, engine: EngineView, live: Setting) -> Decision | None:

@@ -19,7 +19,6 @@ moves between records: the experiment under way, the epoch, the recent steps, th
 """
 
 import time
-from collections import deque
 
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.records import StepRecord
@@ -30,16 +29,12 @@ from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES, Measured
 from swarmtune.engine.tune.outcome import ForecastChecks
 from swarmtune.engine.tune.propose import Proposer
-from swarmtune.engine.tune.quality_guard import past_budget
+from swarmtune.engine.tune.quality_guard import quality_guard
+from swarmtune.engine.tune.recent import RecentSteps
 from swarmtune.engine.tune.tally import SpanTally
 from swarmtune.engine.tune.trials import Trials, setting_of
 from swarmtune.engine.tune.verdict import Judge
 from swarmtune.engine.tune_events import Experimented, Trial, TuneEvent
-
-PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
-# the incumbent's steps before an experiment that measure the run's noise (engine seconds): enough blocks
-# for a few differences, not so long ago that the swarm was another
-NOISE_WINDOW_S = 40.0
 
 
 class Tuner:
@@ -75,8 +70,7 @@ class Tuner:
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
         self.checks.restart()
         self.trials.restart()  # the experiment under way, the switch in flight
-        # the last NOISE_WINDOW_S of steps and the setting each ran at: the noise an experiment starts with
-        self._recent: deque[tuple[StepRecord, Setting]] = deque()
+        self._recent = RecentSteps()  # the noise an experiment starts with
 
     # what the engine calls after every record
     def observe(self, engine: EngineView, rec: StepRecord) -> list[TuneEvent]:
@@ -86,12 +80,12 @@ class Tuner:
             self._epoch_start_s = now
         self.measured.learn(rec)
         self.trials.account(rec)
-        self._remember(rec, self.setting(engine))
-        if not self._looked and engine.backend.source != "simulated" and self.probes_pay():
+        self._recent.add(rec, self.setting(engine))
+        if not self._looked and engine.backend.source != "simulated" and self.goal.probes_pay():
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
             # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
-        out += self._quality_guard(engine)
+        out += quality_guard(self.goal, engine, self.trials, self.proposer)
         self.checks.drop_moved(self.setting(engine))
         self.checks.observe(rec, self.goal)
         if self.trials.exp is not None:
@@ -102,35 +96,6 @@ class Tuner:
             return out
         return out + self._look(engine, now)
 
-    def _quality_guard(self, engine: EngineView) -> list[TuneEvent]:
-        """Under a quality budget, the live KV setting measured past it is left at once for the reference,
-        and said why (engine/tune/quality_guard.py); an experiment under way is abandoned."""
-        if self.trials.switching:
-            return []
-        live = self.setting(engine)
-        decision = past_budget(self.goal, engine, live)
-        if decision is None:
-            return []
-        self.trials.exp = None  # its candidate or its incumbent crossed the budget: nothing it measures counts
-        if not self.trials.move(engine, live, decision.to):
-            return []
-        self.proposer.remember_tried(engine, live)
-        return [decision]
-
-    def _remember(self, rec: StepRecord, setting: Setting) -> None:
-        self._recent.append((rec, setting))
-        while self._recent and self._recent[0][0].t < rec.t - NOISE_WINDOW_S:
-            self._recent.popleft()
-
-    def _steps_at(self, setting: Setting) -> list[StepRecord]:
-        """The last steps, oldest first, since the setting last moved to this one (no rebuild among them)."""
-        out: list[StepRecord] = []
-        for rec, s in reversed(self._recent):
-            if s != setting or rec.kind == "rebuild":
-                break
-            out.append(rec)
-        return out[::-1]
-
     def _fit_matured(self, engine: EngineView) -> bool:
         """A first look that changed nothing was made on a fit of a few steps (a real backend's model of this
         machine is its own steps): once that fit has MIN_OWN_FIT_SAMPLES, it looks again rather than an epoch
@@ -140,12 +105,6 @@ class Tuner:
         fit = engine.analysis.fit(engine.s.kv)
         return fit is not None and fit.samples >= MIN_OWN_FIT_SAMPLES
 
-    def probes_pay(self) -> bool:
-        """A side-cache probe costs 3-8 s of the swarm's time on these 2-core CPUs (two prefilled histories
-        per type): worth it in a run of unknown length (the dashboard, serve) or a long one, not in a short
-        one, where an experiment on the swarm itself measures the type where it matters."""
-        return self.goal.run_s is None or self.goal.run_s >= PROBE_MIN_RUN_S
-
     def prepare(self, engine: EngineView) -> list[TuneEvent]:
         """At the run's start, before its first step (a real backend): time the allowed KV types in a side
         cache, then take the first look at once (an experiment's first block begins with the first step)."""
@@ -153,7 +112,7 @@ class Tuner:
             return []
         if self._epoch_start_s is None:
             self._epoch_start_s = engine.now_s()
-        if not self.probes_pay():
+        if not self.goal.probes_pay():
             return []
         out = self._probe_missing(engine, self.setting(engine))
         if self.forecaster.simulator(engine) is not None:
@@ -218,7 +177,7 @@ class Tuner:
 
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
         """An experiment, where the proposer finds one worth it: it starts with the next record."""
-        proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._steps_at(cur))
+        proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._recent.at(cur))
         if proposed is None:
             return None
         self.trials.exp, trial = proposed
