@@ -12,7 +12,7 @@ which is the seed's B(W + Lk)/(W + BLk) for a dense, full-attention model with a
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from swarmtune.engine.model.kv_types import KV_TYPES, kv_pair
@@ -280,7 +280,8 @@ class ByteModel:
 
     # serialisation
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # the model's own fields, not its cache: asdict copied the per-type cache into every header too
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         for key in ("expert_bytes_per_layer", "kv_values_per_layer", "window_per_layer", "notes"):
             d[key] = list(d[key])
         return d
