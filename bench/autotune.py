@@ -46,6 +46,7 @@ from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Tuner
 
@@ -85,13 +86,13 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
     backend = make_backend()
     budget = w.get("kv_budget_mb")
     p = getattr(backend, "profile", None)
-    s = EngineSettings(agents=w["agents"], batch_cap=cap, kv=kv, residency=residency, seed=seed,
+    s = EngineSettings(agents=w["agents"], batch_cap=cap, kv=KVSetting.parse(kv), residency=residency, seed=seed,
                        gen_tokens=w["gen_tokens"], tool_tokens=w["tool_tokens"],
                        ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
                        kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
                        tool_latency_s=w["tool_latency_s"], check=False)
     # the run's length is known here: the tuner plans for what is left of it
-    tuner = Tuner(Goal(allowed_kv=w["kvs"], run_s=w["seconds"])) if tuned else None
+    tuner = Tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=w["seconds"])) if tuned else None
     e = Engine(backend, s, tuner=tuner, autotune=tuned)
     e.start()
     tokens, series, decisions = 0, [], []
@@ -115,7 +116,7 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
     cost = getattr(tuner, "cost", None)
     out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
-           "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency},
+           "final": {"cap": e.s.batch_cap, "kv": e.s.kv.label, "residency": e.s.residency},
            "cost": None if cost is None else cost.to_json()}
     e.meter.close()  # the backend stays open: the next run of this workload opens its cache again
     return out

@@ -39,7 +39,10 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 from serve_vs_llama_server import BATCH, build_llama_server, free_port, stop, wait_ready  # noqa: E402
 
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
+from swarmtune.engine.kv_types import KVSetting  # noqa: E402
 from tests.agent_traces import TRACES, TraceTurn, TurnResult, replay  # noqa: E402
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 SERVERS = ("swarmtune", "swarmtune --cache-reuse 0", "llama-server --cache-reuse 256", "llama-server")
 KL_TOKENS = 16  # positions scored after each prompt
@@ -113,7 +116,7 @@ def kl_cost(all_traces: dict[str, list[TraceTurn]], threads: int) -> list[tuple[
                 if not chunks:
                     continue
                 n_ctx = len(old) + len(prompt) + KL_TOKENS + 64
-                b.open("f16", 1, n_ctx)
+                b.open(KV("f16"), 1, n_ctx)
                 _fill(b, old, 0)
                 kept = b.cut(0, keep, chunks)
                 at = keep
@@ -122,7 +125,7 @@ def kl_cost(all_traces: dict[str, list[TraceTurn]], threads: int) -> list[tuple[
                     b.paste(0, k, c.prompt_at)
                     at = c.prompt_at + c.tokens
                 _fill(b, prompt[at:-1], at)
-                fresh.open("f16", 1, n_ctx)
+                fresh.open(KV("f16"), 1, n_ctx)
                 _fill(fresh, prompt[:-1], 0)
                 ref, followed = _follow(fresh, prompt, None)
                 got, _ = _follow(b, prompt, followed)
@@ -163,7 +166,7 @@ def paste_cost(threads: int, contexts: tuple[int, ...] = (512, 1024, 2048, 3072)
     try:
         for n in contexts:
             toks = text[:n]
-            b.open("f16", 1, n + 128)
+            b.open(KV("f16"), 1, n + 128)
             _fill(b, toks, 0)
             t0 = time.perf_counter()
             (k,) = b.cut(0, n - 64, [Chunk(n - 64, n - 64 - 8, 64)])  # 8 tokens removed before it

@@ -26,11 +26,14 @@ from stamps import on_own_thread  # bench/, next to this script
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.records import StepRecord
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def settings() -> EngineSettings:
@@ -50,7 +53,7 @@ def headless(backend: LlamaBackend, at: int) -> StepRecord:
     e = Engine(backend, settings())
     while e.step_index < at:
         e.step()
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     while (r := e.step()).kind != "rebuild":
         pass
     return r

@@ -18,6 +18,7 @@ import llama_cpp as ll
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 
@@ -40,7 +41,7 @@ class LoggingBackend(LlamaBackend):
         return super().drop(seq)
 
 
-def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: str, n_seqs: int, ctx: int) -> float:
+def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int, ctx: int) -> float:
     b.open(kv, n_seqs, ctx)
     ctx_p, mem, batch = b.ctx, b.mem, b.batch
     samplers = []
@@ -107,7 +108,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--kv", default="f16")
+    ap.add_argument("--kv", type=KVSetting.parse, default="f16")
     ap.add_argument("--check", action="store_true", help="the engine checks every cache after each step")
     a = ap.parse_args()
     b = LoggingBackend(read_model_facts(default_model_path()), n_threads=a.threads)

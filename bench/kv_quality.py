@@ -30,12 +30,15 @@ from pathlib import Path
 from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.quality.kv_quality import measure
 
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
 HERE = Path(__file__).resolve().parent
-SETTINGS = ("q8_0", "q4_0", "q8_0/f16", "f16/q8_0")
+SETTINGS = (KV("q8_0"), KV("q4_0"), KV("q8_0/f16"), KV("f16/q8_0"))
 
 
 def build_perplexity() -> str:
@@ -44,15 +47,14 @@ def build_perplexity() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def llama_cpp_kld(binary: str, model: str, text: str, setting: str, base: Path, ctx: int, chunks: int,
+def llama_cpp_kld(binary: str, model: str, text: str, setting: KVSetting, base: Path, ctx: int, chunks: int,
                   threads: int) -> dict:
     """One llama-perplexity run: the base (f16/f16: its log-probabilities written) for "f16", else the setting
     against them."""
-    k, _, v = setting.partition("/")
-    v = v or k
+    k, v = setting.k.name, setting.v.name
     cmd = [binary, "-m", model, "-f", text, "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks),
            "-t", str(threads), "-fa", "on", "-ctk", k, "-ctv", v, "--kl-divergence-base", str(base)]
-    if setting != "f16":
+    if setting != KV("f16"):
         cmd.append("--kl-divergence")
     t0 = time.perf_counter()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
@@ -106,7 +108,7 @@ def main() -> None:
     theirs = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.kld"
-        llama_cpp_kld(binary, model, text, "f16", base, a.ctx, a.chunks, a.threads)
+        llama_cpp_kld(binary, model, text, KV("f16"), base, a.ctx, a.chunks, a.threads)
         for s in SETTINGS:
             theirs[s] = llama_cpp_kld(binary, model, text, s, base, a.ctx, a.chunks, a.threads)
 
@@ -123,7 +125,7 @@ def main() -> None:
               f"({t.get('p99_kl', float('nan')):.5f}, {t.get('top1_same', float('nan')):.2%}, "
               f"{int(t.get('chunks', 0))} x {a.ctx - 1 - a.ctx // 2}) | "
               + ("n/a" if ratio is None else f"{ratio:.3f}"), flush=True)
-        rows.append({"setting": s, "swarmtune": o.to_json(), "llama_perplexity": t, "ratio": ratio})
+        rows.append({"setting": s.label, "swarmtune": o.to_json(), "llama_perplexity": t, "ratio": ratio})
     print(f"swarmtune measured all settings in {ours_wall:.1f} s (one process, the reference once per window)")
     if a.json:
         a.json.write_text(json.dumps({"ctx": a.ctx, "chunks": a.chunks, "text": text, "rows": rows}, indent=1))

@@ -21,8 +21,11 @@ from swarmtune.engine.agents.agent import AgentState
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def kl_nats(got: np.ndarray, want: np.ndarray) -> float:
@@ -43,7 +46,7 @@ def kls(e: Engine, fresh: LlamaBackend) -> list[float]:
     return out
 
 
-def switch(e: Engine, kv: str, convert: bool) -> tuple[float, str]:
+def switch(e: Engine, kv: KVSetting, convert: bool) -> tuple[float, str]:
     e.s.kv_convert = convert
     e.request(Control(kv=kv))
     r = e.step()
@@ -56,7 +59,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--context", type=int, default=900, help="tokens per agent before the switch")
-    ap.add_argument("--to", default="q8_0", help="the KV setting switched to (and back from): a type or K/V")
+    ap.add_argument("--to", type=KVSetting.parse, default="q8_0",
+                    help="the KV setting switched to (and back from): a type or K/V")
     a = ap.parse_args()
     facts = read_model_facts(default_model_path())
     backend = LlamaBackend(facts, n_threads=a.threads)
@@ -70,7 +74,7 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {backend.n_threads} threads; 8 agents, {tokens} cached "
           f"tokens (mean {tokens / 8:.0f}) at f16 (measured)")
     results = {}
-    for kv, convert in ((a.to, True), ("f16", True), (a.to, False), ("f16", False)):
+    for kv, convert in ((a.to, True), (KV("f16"), True), (a.to, False), (KV("f16"), False)):
         seconds, note = switch(e, kv, convert)
         k = kls(e, fresh)
         how = "convert" if convert else "re-prefill"

@@ -17,8 +17,11 @@ import time
 import llama_cpp as ll
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def fill(b: LlamaBackend, rows: list[tuple[int, int, int, bool]]) -> None:
@@ -46,7 +49,7 @@ def main() -> int:
     print(f"{'context':>8s} {'two calls s':>12s} {'one call s':>11s} {'ratio':>6s}")
     mid = None
     for ctx in contexts:
-        b.open("f16", n, ctx + a.chunk + a.reps * 2 + 8)
+        b.open(KV("f16"), n, ctx + a.chunk + a.reps * 2 + 8)
         for s in range(n):  # every sequence holds ctx tokens
             for i in range(0, ctx, 256):
                 b.prefill(s, text[i : min(i + 256, ctx)], i)

@@ -21,7 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import tiny_gguf  # noqa: E402
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def _steps(b: LlamaBackend, batch: int, n: int, pos0: int) -> list[float]:
@@ -59,7 +62,7 @@ def main() -> int:
         runs = {"reading": on, "installed": idle, "off": off}
         prompt = list(range(3, 3 + 64))
         for b in runs.values():
-            b.open("f16", a.batch, 512)
+            b.open(KV("f16"), a.batch, 512)
             for s in range(a.batch):
                 b.seed_sampler(s, s)
                 b.prefill(s, [(t + 7 * s) % 250 + 3 for t in prompt], 0)

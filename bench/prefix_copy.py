@@ -15,6 +15,7 @@ import sys
 import time
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 
@@ -24,7 +25,7 @@ def main() -> int:
     p.add_argument("--prefixes", default="32,64,256,1024")
     p.add_argument("--ctx", type=int, default=2048, help="cells per stream")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--kv", default="f16")
+    p.add_argument("--kv", type=KVSetting.parse, default="f16")
     a = p.parse_args()
     b = LlamaBackend(read_model_facts(default_model_path()), chunk_tokens=256)
     text = b.tokenize("class Agent:\n    def turn(self, prompt):\n        return self.model(prompt)\n" * 300)

@@ -24,6 +24,7 @@ from machine import cpu_name  # bench/, next to this script
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.quality.quality_check import QualityCheck
@@ -54,7 +55,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--kv", default="q8_0")
+    ap.add_argument("--kv", type=KVSetting.parse, default="q8_0")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; "

@@ -24,12 +24,15 @@ from stamps import on_own_thread  # noqa: E402
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
 from swarmtune.engine.engine import Engine, EngineSettings  # noqa: E402
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.step_model import Calibration, Fit  # noqa: E402
 from swarmtune.engine.measure.sweep import run_sweep  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
-KVS = ("f16", "q8_0")
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
+KVS = (KV("f16"), KV("q8_0"))
 BATCHES = list(range(1, 9))
 CONTEXTS = [32, 128, 256, 512, 1024, 1536, 2048]
 BAR = 0.05
@@ -37,7 +40,7 @@ BAR = 0.05
 AHEAD_STEPS = 150
 
 
-def grid(backend: LlamaBackend, kv: str) -> dict:
+def grid(backend: LlamaBackend, kv: KVSetting) -> dict:
     res = run_sweep(backend, kv, BATCHES, CONTEXTS, steps=8)
     bm = backend.facts.bytes_model
     pts = [(r.batch, r.batch * bm.kv_equivalent_tokens(kv, r.context + 1), r.seconds_per_step, r.context)
@@ -55,7 +58,7 @@ def grid(backend: LlamaBackend, kv: str) -> dict:
             "held_out": statistics.median(held_out), "speedup_512": (at512.speedup, at512.calibrated_speedup)}
 
 
-def live(backend: LlamaBackend, kv: str, seconds: float) -> dict:
+def live(backend: LlamaBackend, kv: KVSetting, seconds: float) -> dict:
     s = EngineSettings(agents=8, batch_cap=8, kv=kv, seed=3, gen_tokens=64, tool_tokens=192, ctx_per_agent=2048,
                        tool_latency_s=1.0, check=False)
     eng = Engine(backend, s)

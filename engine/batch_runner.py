@@ -10,6 +10,7 @@ from swarmtune.engine.agents.agent_source import AgentSource
 from swarmtune.engine.backends.backend import Backend, NoKVSlot
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
@@ -29,7 +30,7 @@ class Ran:
     note: str = ""
     reference: bool = False  # a batch-1 step run to time the reference
     converted_tokens: int = 0  # a rebuild: cached tokens converted to the new KV type
-    refused_kv: str | None = None  # a rebuild: the KV type this build could not make
+    refused_kv: KVSetting | None = None  # a rebuild: the KV type this build could not make
 
 
 class BatchRunner:

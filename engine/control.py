@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.settings import (
     EngineSettings,
     cap_in_force,
     check_agents,
     check_batch_cap,
-    check_kv,
     check_residency,
     min_context,
     whole_number,
@@ -26,7 +26,7 @@ HTTP_NAMES = {"kv": "kv_type"}
 @dataclass(frozen=True)
 class Control:
     batch_cap: int | None = None
-    kv: str | None = None
+    kv: KVSetting | None = None
     agents: int | None = None
     residency: str | None = None
     autotune: bool | None = None
@@ -51,14 +51,18 @@ class Control:
         return Control(**{k: v for k, v in self.changes().items() if gone.get(k, None) != v})  # type: ignore[arg-type]
 
     def to_http(self) -> dict[str, object]:
-        return {HTTP_NAMES.get(k, k): v for k, v in self.changes().items()}
+        return {HTTP_NAMES.get(k, k): str(v) if isinstance(v, KVSetting) else v for k, v in self.changes().items()}
 
     @classmethod
     def from_http(cls, body: dict[str, object]) -> "Control":
-        """From a body already validated field by field (the server's model): the engine's names back."""
+        """From a body already validated field by field (the server's model): the engine's names back, and
+        the KV setting read from its spelling (a bad one is a UserError, field kv_type)."""
         back = {v: k for k, v in HTTP_NAMES.items()}
         names = {f.name for f in fields(cls)}
-        return cls(**{back.get(k, k): v for k, v in body.items() if back.get(k, k) in names})  # type: ignore[arg-type]
+        kw = {back.get(k, k): v for k, v in body.items() if back.get(k, k) in names}
+        if isinstance(kw.get("kv"), str):
+            kw["kv"] = KVSetting.parse(str(kw["kv"]))
+        return cls(**kw)  # type: ignore[arg-type]
 
 
 _FIELDS = fields(Control)  # once: dataclasses.fields() builds its tuple on every call
@@ -69,10 +73,15 @@ class EngineState:
     """What a control answer reports: the settings now in force (or about to be, at the next step). Derived
     each time from the engine's settings and the change still pending (`Pending.state`), never kept."""
     batch_cap: int
-    kv: str
+    kv: KVSetting | None  # None: a source that does not know (a replay before its first step, an attached engine)
     agents: int
     residency: str = "keep"
     autotune: bool | None = None  # None: this engine has no tuner
+
+    @property
+    def kv_label(self) -> str:
+        """The KV setting as spelled ("q8_0", "q8_0/f16"); "unknown" where the source does not say."""
+        return "unknown" if self.kv is None else self.kv.label
 
 
 class Pending:
@@ -80,7 +89,7 @@ class Pending:
     every caller in one wording. The settings in force are the engine's; state() is this change over them.
     A change stays pending while the engine applies it, so state() reads the same all along."""
 
-    def __init__(self, settings: EngineSettings, budget_tokens: Callable[[str], int],
+    def __init__(self, settings: EngineSettings, budget_tokens: Callable[[KVSetting], int],
                  autotune: Callable[[], bool | None]) -> None:
         self.s = settings  # the engine's own
         self._budget_tokens = budget_tokens  # what the KV budget holds at a type
@@ -98,8 +107,6 @@ class Pending:
             if batch_cap is not None:
                 check_batch_cap(batch_cap, n_agents)
             if kv is not None:
-                kv = check_kv(kv)  # one spelling: "q8_0/q8_0" is "q8_0"
-                c = replace(c, kv=kv)
                 if self.s.kv_budget_bytes is not None:
                     budget = self._budget_tokens(kv)
                     if budget < min_context(self.s):
@@ -143,13 +150,14 @@ COMMAND_HELP = "kv TYPE (or K/V: q8_0/f16), cap N, agents N, residency keep|swap
 
 def parse_command(text: str) -> Control:
     """A typed command (the dashboards' `:` box) as a change; its values are checked where every control's
-    are (`Engine.request`, or a remote node's `/v1/control`), so that a bad one reads the same line."""
+    are (`Engine.request`, or a remote node's `/v1/control`), so that a bad one reads the same line. A KV
+    setting is read here, where its spelling enters, in the words every other entry uses."""
     parts = text.split()
     if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
         raise UserError(f"unknown command {text.strip()!r}: use {COMMAND_HELP}")
     what, value = parts
     if what == "kv":
-        return Control(kv=value)
+        return Control(kv=KVSetting.parse(value))
     if what == "residency":
         return Control(residency=value)
     if what == "autotune":

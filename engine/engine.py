@@ -20,6 +20,7 @@ from swarmtune.engine.control import Control, EngineState, Pending
 from swarmtune.engine.engine_view import EngineSnapshot, QualityHook, TunerHook
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_switch import KVSwitch
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter, NoMeter
 from swarmtune.engine.measure.speedup import BatchOneReference
@@ -53,7 +54,7 @@ class Engine:
                                  self.s.tool_latency_s, self.s.tool_latency_sigma)
         self.slots = max(self.s.agents, 1)
         self.agents: list[Agent] = []
-        self._budgets: dict[tuple[str, int, float | None], int] = {}  # budget_tokens, computed once per key
+        self._budgets: dict[tuple[KVSetting, int, float | None], int] = {}  # budget_tokens, computed once per key
         # it reads the batch cap and the chunk from the settings, the budget from the KV type in force
         self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv))
         min_need = min_context(self.s)
@@ -86,14 +87,14 @@ class Engine:
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
 
     # setup
-    def budget_tokens(self, kv: str) -> int:
+    def budget_tokens(self, kv: KVSetting) -> int:
         """The tokens of full-attention cache the KV budget holds at this type, over every agent."""
         key = (kv, self.slots, self.s.kv_budget_bytes)
         if key not in self._budgets:
             self._budgets[key] = self._budget_for(kv)
         return self._budgets[key]
 
-    def _budget_for(self, kv: str) -> int:
+    def _budget_for(self, kv: KVSetting) -> int:
         if self.s.kv_budget_bytes is None:
             return self.slots * self.s.ctx_per_agent
         # each agent's window cells (windowed layers keep window + one ubatch) and recurrent state are fixed
@@ -162,7 +163,7 @@ class Engine:
             "backend": b.info.name,
             "device": b.info.device,
             "versions": {"swarmtune": swarmtune.__version__, **b.info.versions},
-            "settings": {**asdict(self.s), **b.info.settings, "slots": self.slots},
+            "settings": {**asdict(self.s), "kv": self.s.kv.label, **b.info.settings, "slots": self.slots},
             "source": b.source,
             "reference": self.reference.as_dict(),
             "power": {"source": self.meter.label, "detail": self.meter.reason},
@@ -264,7 +265,7 @@ class Engine:
         """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
         views = self.recorder.views("tune", [], self.agents)
         rec = StepRecord(step=self.step_index, t=round(self.now_s(), 6), kind="tune", batch=0, batch_ids=[],
-                         batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=views,
+                         batch_cap=self.s.batch_cap, kv_type=self.s.kv.label, agents=views,
                          weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source,
                          note=tune.why_text, tune=tune)
         self.step_index += 1
@@ -303,7 +304,8 @@ class Engine:
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens, rec.refused_kv = ran.reference, ran.converted_tokens, ran.refused_kv
+        rec.reference, rec.converted_tokens = ran.reference, ran.converted_tokens
+        rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
         self.step_index += 1
         return rec
 

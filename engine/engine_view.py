@@ -10,6 +10,7 @@ from typing import Protocol
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.control import Control, EngineState
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.model.model_facts import ModelFacts
@@ -22,7 +23,7 @@ from swarmtune.engine.tune_events import TuneEvent
 class EngineSnapshot:
     """An engine's state as a shadow needs it to run on from here (Engine.snapshot)."""
     slots: int
-    kv: str
+    kv: KVSetting
     ctx_per_agent: int
     now_s: float
     step_index: int
@@ -57,7 +58,7 @@ class EngineView(Protocol):
 
     def state(self) -> EngineState: ...  # the settings in force with what is requested over them
 
-    def budget_tokens(self, kv: str) -> int: ...
+    def budget_tokens(self, kv: KVSetting) -> int: ...
 
     def should_yield(self) -> bool: ...  # a pause wants the engine's thread: a long look gives way
 

@@ -13,6 +13,7 @@ from swarmtune.engine.backends.backend import Backend, NoKVSlot
 from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.errors import Interrupted, UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.residency import MoveLog
 from swarmtune.engine.settings import EngineSettings
@@ -37,7 +38,7 @@ class Restored:
     cached_tokens: int = 0
 
 
-def convert_histories(backend: Backend, agents: list[Agent], old: str, kv: str, allowed: bool,
+def convert_histories(backend: Backend, agents: list[Agent], old: KVSetting, kv: KVSetting, allowed: bool,
                       moves: MoveLog) -> Converted:
     """Before the old cache closes: every cached history (and every swapped one) saved and converted to kv.
     A failure midway converts nothing (the old cache is still open)."""
@@ -119,7 +120,7 @@ class KVSwitch:
         self.moves = moves
         self.runner = runner  # its clock, its agents' source and what a sampled token does
 
-    def rebuild(self, kv: str, slots: int, agents: list[Agent], budget_tokens: Callable[[str], int],
+    def rebuild(self, kv: KVSetting, slots: int, agents: list[Agent], budget_tokens: Callable[[KVSetting], int],
                 used_tokens: Callable[[list[Agent]], int], should_stop: Callable[[], bool],
                 progress: Callable[[str, int, int], None]) -> Ran:
         """The context made again at kv with room for `slots` streams; every agent's history converted,

@@ -40,7 +40,7 @@ class Recorder:
         weight_bytes = (read.weight_step if read is not None else bm.weight_bytes(tokens, distinct)) if batch else 0
         rec = StepRecord(
             step=step, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
-            batch_cap=self.s.batch_cap, kv_type=self.s.kv, agents=[] if lean else self.views(kind, batch, agents),
+            batch_cap=self.s.batch_cap, kv_type=self.s.kv.label, agents=[] if lean else self.views(kind, batch, agents),
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
             source=self.backend.source, mean_context=mean_context(contexts), preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,

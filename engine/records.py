@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting, known_kv, read_kv
 from swarmtune.engine.tune_events import TuneEvent, event_from_json
 
 
@@ -107,6 +108,12 @@ class StepRecord:
     tune: TuneEvent | None = None
     type: str = "step"
 
+    @property
+    def kv(self) -> KVSetting:
+        """kv_type, the setting's spelling a recording holds, read back as the setting (an attached engine's
+        unreported one counted at f16)."""
+        return read_kv(self.kv_type)
+
     def to_json(self) -> str:
         d = asdict(self)
         d["tune"] = None if self.tune is None else self.tune.to_json()
@@ -160,6 +167,7 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
     d["moved"] = [Move(**m) for m in d.get("moved", [])]
     if d.get("tune") is not None:
         d["tune"] = event_from_json(d["tune"])
+    known_kv(str(d.get("kv_type", "")))  # a setting this version cannot read is a bad line, said where it is
     return StepRecord(**d)
 
 
@@ -238,7 +246,7 @@ def read_recording(path: str | Path) -> Recording:
             continue
         try:
             steps.append(step_from_dict(d))
-        except (TypeError, ValueError, KeyError) as e:
+        except (TypeError, ValueError, KeyError, UserError) as e:
             if not complete:
                 skipped = True
                 break

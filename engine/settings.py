@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import F16, KVSetting
 
 MAX_AGENTS = 256
 
@@ -31,11 +31,6 @@ def check_batch_cap(cap: int, agents: int) -> int:
     if not 1 <= cap <= agents:
         raise UserError(f"batch cap must be between 1 and {agents} (got {cap})", field="batch_cap")
     return cap
-
-
-def check_kv(name: str) -> str:
-    """A KV setting in its one spelling: a type ("q8_0": K and V alike) or K/V types ("q8_0/f16")."""
-    return kv_pair(name).label
 
 
 RESIDENCY = ("keep", "swap", "drop")
@@ -74,7 +69,7 @@ def whole_number(what: str, text: str) -> int:
 class EngineSettings:
     agents: int = 8
     batch_cap: int = 8
-    kv: str = "f16"
+    kv: KVSetting = F16  # parsed where it came in (engine/kv_types.py: KVSetting.parse)
     seed: int = 0
     gen_tokens: int = 64  # T
     tool_tokens: int = 192  # M
@@ -96,7 +91,6 @@ class EngineSettings:
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
 
     def validate(self, n_ctx_train: int) -> None:
-        self.kv = check_kv(self.kv)  # one spelling: "q8_0/q8_0" is "q8_0"
         check_agents(self.agents)
         check_batch_cap(cap_in_force(self.batch_cap, self.agents), self.agents)
         check_at_least_one("gen tokens", self.gen_tokens)

@@ -6,24 +6,26 @@ replays. Here, below the records, because a record holds one; the tuner (engine/
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
+from swarmtune.engine.kv_types import KVSetting
+
 
 @dataclass(frozen=True)
 class Setting:
     """What the tuner moves: one point of batch cap x KV type x residency."""
 
     batch_cap: int
-    kv: str
+    kv: KVSetting
     residency: str
 
     def label(self) -> str:
         return f"cap {self.batch_cap}, KV {self.kv}, {self.residency}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"batch_cap": self.batch_cap, "kv": self.kv, "residency": self.residency}
+        return {"batch_cap": self.batch_cap, "kv": self.kv.label, "residency": self.residency}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Setting":
-        return cls(int(d["batch_cap"]), str(d["kv"]), str(d["residency"]))
+        return cls(int(d["batch_cap"]), KVSetting.parse(str(d["kv"])), str(d["residency"]))
 
 
 @dataclass
@@ -41,7 +43,8 @@ class TuneEvent:
             v = getattr(self, f.name)
             if v is None and f.name in self.omit_none:
                 continue
-            out[f.name.rstrip("_")] = v.as_dict() if isinstance(v, Setting) else v
+            out[f.name.rstrip("_")] = (v.as_dict() if isinstance(v, Setting) else v.label if isinstance(v, KVSetting)
+                                       else v)
         return out
 
     @property
@@ -55,6 +58,8 @@ def _settings(d: dict[str, Any]) -> dict[str, Any]:
     for k in ("from_", "to"):
         if isinstance(out.get(k), dict):
             out[k] = Setting.from_dict(out[k])
+    if isinstance(out.get("kv"), str):  # a quality check's setting
+        out["kv"] = KVSetting.parse(out["kv"])
     return out
 
 
@@ -160,16 +165,18 @@ class Probed(TuneEvent):
     or why it could not be timed."""
 
     phase: ClassVar[str] = "probed"
-    kv: str
-    base_kv: str
+    kv: KVSetting
+    base_kv: KVSetting
     why: str
     error: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)  # the probe's own record, flat in the JSON
 
     def to_json(self) -> dict[str, Any]:
         if self.error is not None:
-            return {"phase": self.phase, "kv": self.kv, "base_kv": self.base_kv, "error": self.error, "why": self.why}
-        return {"phase": self.phase, "kv": self.kv, "base_kv": self.base_kv, **self.figures, "why": self.why}
+            return {"phase": self.phase, "kv": self.kv.label, "base_kv": self.base_kv.label, "error": self.error,
+                    "why": self.why}
+        return {"phase": self.phase, "kv": self.kv.label, "base_kv": self.base_kv.label, **self.figures,
+                "why": self.why}
 
 
 @dataclass
@@ -263,7 +270,7 @@ class QualityChecked(TuneEvent):
     against f16/f16, and the setting's figures at that context band so far (measured)."""
 
     phase: ClassVar[str] = "quality"
-    kv: str
+    kv: KVSetting
     band: list[int]  # the context band [low, high) the figures stand for
     positions: int  # behind the band's figures, this check's included
     mean_kl: float | None  # nats per token; None below MIN_POSITIONS positions
@@ -288,7 +295,8 @@ def event_from_json(d: dict[str, Any]) -> TuneEvent:
     phase = d.get("phase")
     if phase == "probed":
         known = {"phase", "kv", "base_kv", "why", "error"}
-        return Probed(kv=str(d.get("kv", "")), base_kv=str(d.get("base_kv", "")), why=str(d.get("why", "")),
+        return Probed(kv=KVSetting.parse(str(d.get("kv"))), base_kv=KVSetting.parse(str(d.get("base_kv"))),
+                      why=str(d.get("why", "")),
                       error=d.get("error"), figures={k: v for k, v in d.items() if k not in known})
     cls = EVENTS.get(str(phase))
     if cls is None:

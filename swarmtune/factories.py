@@ -4,6 +4,7 @@ import argparse
 import os
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import F16
 
 
 def remote_source(args: argparse.Namespace):
@@ -37,7 +38,7 @@ def remote_source(args: argparse.Namespace):
 
         facts = read_model_facts(args.gguf)
         w = w or facts.weight_bytes
-        k = k or facts.kv_bytes_per_token("f16")
+        k = k or facts.kv_bytes_per_token(F16)
         if args.weight_bytes is None and args.kv_bytes_per_token is None:
             bm = facts.bytes_model
     poller = (LlamaServerPoller if kind == "llama-server" else VllmPoller)(url, w, k, bytes_model=bm)
@@ -71,12 +72,10 @@ def check_flags(args: argparse.Namespace) -> None:
         cap_in_force,
         check_agents,
         check_batch_cap,
-        check_kv,
         check_residency,
         check_tool_latency,
     )
 
-    check_kv(args.kv)
     check_residency(args.residency)
     check_tool_latency(args.tool_latency, args.tool_latency_sigma)
     check_agents(args.agents)
@@ -101,22 +100,21 @@ def engine_settings(args: argparse.Namespace, backend):
 
 def tuner_goal(args: argparse.Namespace):
     from swarmtune.engine.quality.quality_check import DEFAULT_KV_QUALITY, QUALITY_CANDIDATES
-    from swarmtune.engine.settings import check_kv
-    from swarmtune.engine.tune import Goal, parse_allowed_kv, parse_objective
+    from swarmtune.engine.tune import Goal, parse_objective
 
     objective, floor = parse_objective(args.autotune or "tokens_per_s")
-    kv = check_kv(args.kv)
+    kv = args.kv  # a KVSetting: parsing.py read it
     flag = getattr(args, "kv_quality", None)
     # a model's quality is measured live; the simulated card has no logits, so it has no quality budget
     quality = None if flag == "off" or args.sim else DEFAULT_KV_QUALITY if flag is None else float(flag)
     if args.tune_kv:
-        allowed = parse_allowed_kv(args.tune_kv)
+        allowed = args.tune_kv
     elif quality is not None:  # whatever the budget allows, as measured: the candidates worth their bytes
         allowed = tuple(dict.fromkeys((kv, *QUALITY_CANDIDATES)))
     else:
         allowed = (kv,)
     if kv not in allowed:
-        raise UserError(f"--tune-kv {args.tune_kv} leaves out --kv {args.kv}, the type the run starts at")
+        raise UserError(f"--tune-kv {','.join(map(str, allowed))} leaves out --kv {kv}, the type the run starts at")
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise UserError(f"--power-cap-w must be positive (got {args.power_cap_w})")
     # a run of known length plans for what is left of it (`tune` sets its default length itself)

@@ -9,6 +9,8 @@ from typing import NoReturn
 
 import swarmtune
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting, parse_kv_list
 
 EXIT_BAD_INPUT = 2
 
@@ -29,6 +31,22 @@ def _positive_int(name: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{name} must be at least 1 (got {v})")
         return v
     return parse
+
+
+def _kv_setting(text: str) -> KVSetting:
+    """--kv: the KV setting read here, once, where it enters (a bad one is the engine's own line)."""
+    try:
+        return KVSetting.parse(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _kv_settings(text: str) -> tuple[KVSetting, ...]:
+    """A comma-separated list of KV settings, one of each, in the order named."""
+    try:
+        return parse_kv_list(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _whole(name: str) -> Callable[[str], int]:
@@ -93,7 +111,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--agents", type=_whole("--agents"), default=8)
     g.add_argument("--batch-cap", type=_whole("--batch-cap"), default=None,
                    help="agents per decode step (default: all)")
-    g.add_argument("--kv", default="f16", help="KV cache type: f16, q8_0, q4_0, ...; K/V apart: q8_0/f16")
+    g.add_argument("--kv", type=_kv_setting, default="f16",
+                   help="KV cache type: f16, q8_0, q4_0, ...; K/V apart: q8_0/f16")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ctx", type=_positive_int("--ctx"), default=None, help="context limit per agent, tokens")
     g.add_argument("--gen-tokens", type=_positive_int("--gen-tokens"), default=64, help="T: tokens per turn")
@@ -112,7 +131,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--autotune", metavar="OBJECTIVE", default=None,
                    help="let the tuner hold the best batch cap, KV type and residency: tokens_per_s, "
                         "joules_per_token, or floor:X (tokens/s with no agent below X tok/s); 't' in the dashboard")
-    g.add_argument("--tune-kv", default=None, metavar="LIST",
+    g.add_argument("--tune-kv", type=_kv_settings, default=None, metavar="LIST",
                    help="KV settings the tuner may use, each a type or K/V, e.g. f16,q8_0,q8_0/f16 (default on a "
                         "model: any whose measured KL is within --kv-quality; on --sim: only --kv)")
     g.add_argument("--kv-quality", type=_kv_quality, default=None, metavar="KL",
@@ -234,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "distribution, against f16/f16: KL divergence and top-1, measured")
     ql.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M)")
     ql.add_argument("--threads", type=_positive_int("--threads"), default=None)
-    ql.add_argument("--kv", dest="kv_settings", default="q8_0,q4_0,q8_0/f16,f16/q8_0",
+    ql.add_argument("--kv", dest="kv_settings", type=_kv_settings, default="q8_0,q4_0,q8_0/f16,f16/q8_0",
                     help="KV settings to measure, comma-separated: a type (K and V alike) or K/V, e.g. q8_0/f16")
     src = ql.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="a UTF-8 text file (as llama-perplexity -f reads one)")

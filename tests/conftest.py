@@ -9,8 +9,11 @@ import pytest
 import swarmtune.engine
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.profiles import profile
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 # Every engine in the tests (and every CLI they start) checks after each step that each agent's cache
 # holds exactly its history: a slip that would make the numbers fiction fails the test that made it.
@@ -99,7 +102,7 @@ def fresh(model_path):
 def prefill_code(b, n_seqs: int = 2) -> tuple[list[int], int, tuple[int, int], object]:
     """A live f16 cache whose sequence 0 holds 120 tokens of code: (its tokens, a next token, its cells, the
     next-token logits there). What a test that moves or sets aside a cache compares against."""
-    b.open("f16", n_seqs, 512)
+    b.open(KV("f16"), n_seqs, 512)
     b.seed_sampler(0, 1)
     tokens = b.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
     b.prefill(0, tokens, 0)

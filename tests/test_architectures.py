@@ -19,12 +19,14 @@ from conftest import ROOT
 from swarmtune.engine.backends.llama_backend import caches_from_log
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
+from swarmtune.engine.kv_types import KV_TYPES, KVSetting, read_kv
 from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
 from swarmtune.engine.measure.sweep import run_sweep
 from swarmtune.engine.model.bytes_model import ByteModel, bytes_model_from_header
-from swarmtune.engine.model.kv_types import KV_TYPES
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.model.profiles import profile
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 MIB = 1024 * 1024
 LOG_MIB = 0.005 * MIB + 1  # llama.cpp logs sizes in MiB with two decimals
@@ -32,11 +34,12 @@ LOG_MIB = 0.005 * MIB + 1  # llama.cpp logs sizes in MiB with two decimals
 # --- the formulas ---
 
 
-@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0"])
-def test_dense_model_is_the_seed_formula_exactly(kv):
+@pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0"])
+def test_dense_model_is_the_seed_formula_exactly(name):
     w, values = 5.5e9, 73_500.0
     bm = ByteModel.dense(w, values)
-    k = KV_TYPES[kv].bytes_for(values)
+    kv = KV(name)
+    k = KV_TYPES[name].bytes_for(values)
     for b in (1, 2, 8, 32):
         for ctx in (0, 1, 2400, 4700, 55_000):
             assert bm.speedup(b, ctx, kv) == pytest.approx(predicted_speedup(b, ctx, w, k), rel=1e-12)
@@ -47,8 +50,8 @@ def test_dense_model_is_the_seed_formula_exactly(kv):
 def test_seed_numbers_through_the_general_model():
     bm = profile("rx9070xt-qwen3.5-9b").bytes_model
     for ctx, s in ((2400, 5.6), (4700, 4.5), (6900, 3.8), (16000, 2.6), (55000, 1.6)):
-        assert bm.speedup(8, ctx, "f16") == pytest.approx(s, abs=0.1)
-    assert bm.crossover_context(8, "f16") == pytest.approx(4700, rel=0.02)
+        assert bm.speedup(8, ctx, KV("f16")) == pytest.approx(s, abs=0.1)
+    assert bm.crossover_context(8, KV("f16")) == pytest.approx(4700, rel=0.02)
 
 
 def _moe(n_layer: int = 4, e: int = 32, k: int = 4) -> ByteModel:
@@ -67,7 +70,7 @@ def test_experts_a_batch_touches_uniform_routing():
     assert bm.weight_bytes(8, 10.0) == pytest.approx(1e9 + 10 * 4 * 1e7)
     assert bm.weight_bytes(8, [8, 9, 10, 11]) == pytest.approx(1e9 + 38 * 1e7)
     # batching shares less of the weight stream: at L = 0 the speedup is W(1) B / W(B), well under B
-    s0 = bm.speedup(8, 0, "f16")
+    s0 = bm.speedup(8, 0, KV("f16"))
     assert s0 == pytest.approx(8 * bm.weight_bytes(1) / bm.weight_bytes(8))
     assert 1 < s0 < 8
     assert bm.is_moe and not bm.is_dense
@@ -78,32 +81,32 @@ def test_windowed_layers_read_at_most_their_window():
     bm = ByteModel(dense_weight_bytes=2e9, kv_values_per_layer=(swa, full, swa, full),
                    window_per_layer=(128, 0, 128, 0))
     per_tok = {name: 2 * 2 * v for name, v in (("full", full), ("swa", swa))}  # two layers each, 2 bytes a value
-    assert bm.kv_read_bytes("f16", 100) == pytest.approx(100 * (per_tok["full"] + per_tok["swa"]))
-    assert bm.kv_read_bytes("f16", 10_000) == pytest.approx(10_000 * per_tok["full"] + 128 * per_tok["swa"])
-    assert bm.kv_bytes_per_token("f16", windowed=False) == per_tok["full"]
+    assert bm.kv_read_bytes(KV("f16"), 100) == pytest.approx(100 * (per_tok["full"] + per_tok["swa"]))
+    assert bm.kv_read_bytes(KV("f16"), 10_000) == pytest.approx(10_000 * per_tok["full"] + 128 * per_tok["swa"])
+    assert bm.kv_bytes_per_token(KV("f16"), windowed=False) == per_tok["full"]
     # L*: the private read equals the shared one, found on the right piece of K(L)
     for b in (1, 8, 64):
-        cross = bm.crossover_context(b, "f16")
-        assert bm.kv_read_bytes("f16", cross) == pytest.approx(bm.weight_bytes(b) / b, rel=1e-9)
+        cross = bm.crossover_context(b, KV("f16"))
+        assert bm.kv_read_bytes(KV("f16"), cross) == pytest.approx(bm.weight_bytes(b) / b, rel=1e-9)
     # the same KV without windows decays faster
     dense = ByteModel.dense(2e9, 2 * (full + swa))
-    assert bm.speedup(8, 50_000, "f16") > dense.speedup(8, 50_000, "f16")
-    assert bm.speedup(8, 64, "f16") == pytest.approx(dense.speedup(8, 64, "f16"))
+    assert bm.speedup(8, 50_000, KV("f16")) > dense.speedup(8, 50_000, KV("f16"))
+    assert bm.speedup(8, 64, KV("f16")) == pytest.approx(dense.speedup(8, 64, KV("f16")))
     # every layer windowed: the KV read stops growing and never catches up with the weights
     capped = ByteModel(dense_weight_bytes=2e9, kv_values_per_layer=(swa,), window_per_layer=(128,))
-    assert math.isinf(capped.crossover_context(8, "f16"))
+    assert math.isinf(capped.crossover_context(8, KV("f16")))
     # what an agent's cache holds, swa_full off: a window plus up to one ubatch on the windowed layers
-    assert bm.kv_cache_bytes("f16", 10_000, swa_slack_tokens=64) == pytest.approx(
+    assert bm.kv_cache_bytes(KV("f16"), 10_000, swa_slack_tokens=64) == pytest.approx(
         10_000 * per_tok["full"] + 192 * per_tok["swa"])
 
 
 def test_recurrent_state_is_read_whatever_the_context():
     s = 50e6
     bm = ByteModel(dense_weight_bytes=1e9, kv_values_per_layer=(0.0,), window_per_layer=(0,), state_bytes=s)
-    assert bm.speedup(8, 0, "f16") == pytest.approx(8 * (1e9 + s) / (1e9 + 8 * s))
-    assert bm.speedup(8, 100_000, "f16") == pytest.approx(bm.speedup(8, 0, "f16"))
-    assert math.isinf(bm.crossover_context(8, "f16"))
-    assert bm.crossover_context(100, "f16") == 0.0  # s > W/B: private already the larger read at L = 0
+    assert bm.speedup(8, 0, KV("f16")) == pytest.approx(8 * (1e9 + s) / (1e9 + 8 * s))
+    assert bm.speedup(8, 100_000, KV("f16")) == pytest.approx(bm.speedup(8, 0, KV("f16")))
+    assert math.isinf(bm.crossover_context(8, KV("f16")))
+    assert bm.crossover_context(100, KV("f16")) == 0.0  # s > W/B: private already the larger read at L = 0
     assert bm.kind == "recurrent state"
 
 
@@ -111,10 +114,10 @@ def test_kv_budget_pays_fixed_parts_first():
     bm = ByteModel(dense_weight_bytes=1e9, kv_values_per_layer=(1000.0, 1000.0), window_per_layer=(100, 0),
                    state_bytes=1000.0)
     # 4 agents x (state 1,000 + window 100 x 2,000 B) fixed, then 2,000 B per full-attention token
-    assert bm.budget_tokens(1e6, "f16", 4, 4096) == int((1e6 - 4 * (1000 + 100 * 2000)) // 2000)
-    assert bm.budget_tokens(1e3, "f16", 4, 4096) == 0
+    assert bm.budget_tokens(1e6, KV("f16"), 4, 4096) == int((1e6 - 4 * (1000 + 100 * 2000)) // 2000)
+    assert bm.budget_tokens(1e3, KV("f16"), 4, 4096) == 0
     windows_only = ByteModel(dense_weight_bytes=1e9, kv_values_per_layer=(1000.0,), window_per_layer=(100,))
-    assert windows_only.budget_tokens(1e9, "f16", 4, 4096) == 4 * 4096
+    assert windows_only.budget_tokens(1e9, KV("f16"), 4, 4096) == 4 * 4096
 
 
 def test_byte_model_round_trips_through_json_and_old_headers():
@@ -124,7 +127,7 @@ def test_byte_model_round_trips_through_json_and_old_headers():
     assert bytes_model_from_header({"bytes_model": bm.to_dict()}) == bm
     old = bytes_model_from_header({"weight_bytes": 5.5e9, "kv_bytes_per_token": {"f16": 147e3, "q8_0": 78_093.75}})
     assert old is not None and old.is_dense
-    assert old.speedup(8, 4700, "q8_0") == pytest.approx(predicted_speedup(8, 4700, 5.5e9, 78_093.75))
+    assert old.speedup(8, 4700, KV("q8_0")) == pytest.approx(predicted_speedup(8, 4700, 5.5e9, 78_093.75))
     assert bytes_model_from_header({}) is None
 
 
@@ -166,7 +169,7 @@ def test_tiny_facts_follow_llama_cpp_layer_rules(tiny_models):
     m = read_model_facts(tiny_models["mamba"]).bytes_model
     d_inner, d_state, d_conv = 2 * tg.N_EMBD, 64, 4
     assert m.state_bytes == 4 * 4 * ((d_conv - 1) * d_inner + d_state * d_inner)  # 4 layers, f32 r + s rows
-    assert m.kv_bytes_per_token("f16") == 0
+    assert m.kv_bytes_per_token(KV("f16")) == 0
     lf = read_model_facts(tiny_models["lfm2"]).bytes_model
     assert [v > 0 for v in lf.kv_values_per_layer] == [i in tg.LFM2_ATTENTION_LAYERS for i in range(6)]
     assert lf.state_bytes == 4 * 4 * tg.N_EMBD * (17 - 1)  # four conv layers, l_cache - 1 columns of history
@@ -186,8 +189,8 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
     b = LlamaBackend(facts, n_threads=1, chunk_tokens=CHUNK, measure_routing=bm.is_moe)
     try:
         assert ll.llama_model_size(b.model) == facts.tensor_bytes
-        b.open("f16", N_SEQS, CTX)
-        expected = {k: v for k, v in bm.llama_cpp_cache_bytes("f16", N_SEQS, CTX, CHUNK).items() if v}
+        b.open(KV("f16"), N_SEQS, CTX)
+        expected = {k: v for k, v in bm.llama_cpp_cache_bytes(KV("f16"), N_SEQS, CTX, CHUNK).items() if v}
         assert b.cache_bytes.keys() == expected.keys()
         for name, nbytes in expected.items():
             assert b.cache_bytes[name] == pytest.approx(nbytes, abs=LOG_MIB), name
@@ -223,7 +226,7 @@ def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
     b = LlamaBackend(read_model_facts(tiny_models["qwen3moe"]), n_threads=1, chunk_tokens=CHUNK)
     try:
         assert b.routing is None and b.info.settings["moe_routing"] == "modeled"
-        b.open("f16", 2, 256)
+        b.open(KV("f16"), 2, 256)
         b.seed_sampler(0, 0)
         b.seed_sampler(1, 1)
         b.decode([0, 1], [5, 6], [0, 0])
@@ -244,7 +247,7 @@ def test_routing_counter_reads_this_builds_tensor_layout():
 def test_gpt_oss_sim_curve_differs_from_the_dense_formula_as_the_physics_says():
     p = profile("rx9070xt-gpt-oss-20b")
     backend = SimBackend(p)
-    res = run_sweep(backend, "f16", [1, 8], [0, 2400, 16000, 55000], steps=2)
+    res = run_sweep(backend, KV("f16"), [1, 8], [0, 2400, 16000, 55000], steps=2)
     rows = {r.context: r for r in res.rows if r.batch == 8}
     for r in rows.values():
         # the sim's steps read the model's bytes (timed a few tokens past the context, hence the tolerance)
@@ -287,7 +290,7 @@ def test_engine_keeps_every_cache_on_each_family(tiny_models, family):
         for _ in range(40):
             e.step()
         assert max(a.context for a in e.agents) > 64  # past the tiny models' window
-        e.request(Control(kv="q8_0"))
+        e.request(Control(kv=KV("q8_0")))
         assert e.step().kind == "rebuild"
         for _ in range(10):
             e.step()  # each step checks every cache
@@ -319,10 +322,10 @@ def test_an_attached_engine_s_unknown_cache_type_is_counted_at_f16(tiny_models):
     from swarmtune.tui.widgets.plots import bytes_known
 
     bm = read_model_facts(tiny_models["gemma3"]).bytes_model
-    from_gguf = bytes_known({"bytes_model": bm.to_dict(), "weight_bytes": bm.weight_bytes(1)}, "remote")
+    from_gguf = bytes_known({"bytes_model": bm.to_dict(), "weight_bytes": bm.weight_bytes(1)}, read_kv("remote"))
     assert from_gguf is not None and from_gguf.has_swa
-    from_flags = bytes_known({"weight_bytes": 5.5e9, "kv_bytes_per_token": {"remote": 147e3}}, "remote")
-    assert from_flags is not None and from_flags.speedup(8, 2400, "f16") == pytest.approx(5.6, abs=0.1)
+    from_flags = bytes_known({"weight_bytes": 5.5e9, "kv_bytes_per_token": {"remote": 147e3}}, read_kv("remote"))
+    assert from_flags is not None and from_flags.speedup(8, 2400, KV("f16")) == pytest.approx(5.6, abs=0.1)
 
 
 def test_the_fit_counts_what_attention_reads():
@@ -332,8 +335,8 @@ def test_the_fit_counts_what_attention_reads():
     from swarmtune.engine.model.profiles import profile
 
     dense = ByteModel.dense(5.5e9, 147e3 / 2)
-    assert [dense.kv_equivalent_tokens("f16", c) for c in (0, 100, 5000)] == [0, 100, 5000]
+    assert [dense.kv_equivalent_tokens(KV("f16"), c) for c in (0, 100, 5000)] == [0, 100, 5000]
     oss = profile("rx9070xt-gpt-oss-20b").bytes_model
-    assert oss.kv_equivalent_tokens("f16", 100) == pytest.approx(100)  # inside the window: every layer reads L
-    full = oss.kv_bytes_per_token("f16", windowed=False) / oss.kv_bytes_per_token("f16")
-    assert oss.kv_equivalent_tokens("f16", 4000) == pytest.approx(4000 * full + 128 * (1 - full))
+    assert oss.kv_equivalent_tokens(KV("f16"), 100) == pytest.approx(100)  # inside the window: every layer reads L
+    full = oss.kv_bytes_per_token(KV("f16"), windowed=False) / oss.kv_bytes_per_token(KV("f16"))
+    assert oss.kv_equivalent_tokens(KV("f16"), 4000) == pytest.approx(4000 * full + 128 * (1 - full))

@@ -12,6 +12,9 @@ from swarmtune.engine.agents.agent import AgentState
 from swarmtune.engine.backends.backend import CacheMismatch
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 pytestmark = pytest.mark.model
 
@@ -49,8 +52,8 @@ def assert_each_agent_continues_its_own_text(e: Engine, fresh, most: int = 2) ->
         kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
         KL_SEEN.append((e.s.kv, kl, kl_wiped))
         print(f"agent {a.id} kv {e.s.kv}: KL {kl:.5f} nats (wiped cache: {kl_wiped:.3f})")
-        assert kl < TOLERANCE_NATS[e.s.kv], f"agent {a.id}: its next-token distribution moved by {kl:.4f} nats"
-        assert kl_wiped > 10 * TOLERANCE_NATS[e.s.kv]
+        assert kl < TOLERANCE_NATS[e.s.kv.label], f"agent {a.id}: its next-token distribution moved by {kl:.4f} nats"
+        assert kl_wiped > 10 * TOLERANCE_NATS[e.s.kv.label]
         checked += 1
     e.check_caches()
     return checked
@@ -67,10 +70,10 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
     _run(e, 30)
     before = {a.id: a.context for a in e.agents}
     assert all(before.values())
-    for kv in ("q8_0", "f16"):
+    for kv in (KV("q8_0"), KV("f16")):
         e.request(Control(kv=kv))
         r = e.step()
-        assert r.kind == "rebuild" and r.kv_type == kv
+        assert r.kind == "rebuild" and r.kv_type == kv.label
         # the rebuild re-prefilled every history, and nothing else touched the caches
         assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents)
         assert r.tokens == sum(a.context for a in e.agents)
@@ -85,10 +88,10 @@ def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backe
     agent's next-token distribution within the type's tolerance of a fresh prefill at the new type."""
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 30)
-    for kv in ("q8_0", "f16", "q8_0"):
+    for kv in (KV("q8_0"), KV("f16"), KV("q8_0")):
         e.request(Control(kv=kv))
         r = e.step()
-        assert r.kind == "rebuild" and r.kv_type == kv
+        assert r.kind == "rebuild" and r.kv_type == kv.label
         held = sum(a.context for a in e.agents if a.context)
         assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
         assert "converted" in r.note and {m.op for m in r.moved} >= {"convert", "convert_save"}
@@ -103,10 +106,10 @@ def test_a_mixed_k_v_switch_converts_each_to_its_own_type_and_keeps_every_cache(
     prefilled again, every agent's next-token distribution as a fresh prefill's at that setting."""
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 30)
-    for kv in ("q8_0/f16", "f16/q8_0", "f16"):
+    for kv in (KV("q8_0/f16"), KV("f16/q8_0"), KV("f16")):
         e.request(Control(kv=kv))
         r = e.step()
-        assert r.kind == "rebuild" and r.kv_type == kv == e.s.kv == llama_backend.kv
+        assert r.kind == "rebuild" and r.kv_type == kv.label and kv == e.s.kv == llama_backend.kv
         held = sum(a.context for a in e.agents if a.context)
         assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
         # llama.cpp's own buffers at this setting: K and V each at its own type
@@ -117,7 +120,7 @@ def test_a_mixed_k_v_switch_converts_each_to_its_own_type_and_keeps_every_cache(
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
-    e.request(Control(kv="q8_0/q8_0"))  # one spelling for both: the same setting as q8_0
+    e.request(Control(kv=KV("q8_0/q8_0")))  # one spelling for both: the same setting as q8_0
     assert e.step().kv_type == "q8_0"
 
 
@@ -141,7 +144,7 @@ def test_cap_change_and_agents_added_and_removed(llama_backend, fresh):
 
 
 def test_preemption_under_a_kv_budget_keeps_the_rest(llama_backend, fresh):
-    k = llama_backend.facts.kv_bytes_per_token("f16")
+    k = llama_backend.facts.kv_bytes_per_token(KV("f16"))
     e = Engine(llama_backend, EngineSettings(**{**SETTINGS, "kv_budget_bytes": 1100 * k}))
     preempted = 0
     for _ in range(160):

@@ -9,11 +9,14 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
 from swarmtune.engine.engine import Engine
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
 from tests.conftest import SIM
 from tests.test_cache_integrity import _kl_nats
 from tests.test_served import ask, run
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 OLD = list(range(1000, 1300))
 
@@ -123,7 +126,7 @@ def test_a_kv_switch_before_the_chunks_are_back_prefills_them_instead():
     e.step()  # the request reaches its agent: chunks cut, not yet pasted
     agent = next(a for a in e.agents if a.id == r.agent)
     assert agent.kept
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     run(e, lambda: c.done is not None)
     assert agent.history[: len(again)] == again and not agent.kept
 
@@ -139,7 +142,7 @@ def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fr
     keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
     chunks = plan(old, new, keep, 64)
     assert len(chunks) == 1 and chunks[0].shift > 0  # the value grew: its chunk moves up
-    b.open("f16", 2, 2048)
+    b.open(KV("f16"), 2, 2048)
     for i in range(0, len(old), b.max_chunk_tokens):
         b.prefill(0, old[i : i + b.max_chunk_tokens], i)
     (kept,) = b.cut(0, keep, chunks)
@@ -151,11 +154,11 @@ def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fr
         b.prefill(0, new[end:-1], end)
     assert b.cells(0) == (0, len(new) - 2)
     got = b.next_logits(0, new[-1], len(new) - 1)
-    fresh.open("f16", 1, 2048)
+    fresh.open(KV("f16"), 1, 2048)
     for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
         fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
     want = fresh.next_logits(0, new[-1], len(new) - 1)
-    fresh.open("f16", 1, 2048)
+    fresh.open(KV("f16"), 1, 2048)
     wiped = fresh.next_logits(0, new[-1], 0)
     kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
     print(f"kept {c.tokens} of {len(new)} tokens: KL {kl:.5f} nats against a full prefill (wiped: {kl_wiped:.3f})")
@@ -207,7 +210,7 @@ def test_two_chunks_back_to_back_are_each_where_the_prompt_has_them(llama_backen
     keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
     chunks = plan(old, new, keep, 16)
     assert len(chunks) == 2 and chunks[1].prompt_at == chunks[0].prompt_at + chunks[0].tokens
-    b.open("f16", 1, 2048)
+    b.open(KV("f16"), 1, 2048)
     for i in range(0, len(old), b.max_chunk_tokens):
         b.prefill(0, old[i : i + b.max_chunk_tokens], i)
     kept = b.cut(0, keep, chunks)
@@ -219,7 +222,7 @@ def test_two_chunks_back_to_back_are_each_where_the_prompt_has_them(llama_backen
     if end < len(new) - 1:
         b.prefill(0, new[end:-1], end)
     got = b.next_logits(0, new[-1], len(new) - 1)
-    fresh.open("f16", 1, 2048)
+    fresh.open(KV("f16"), 1, 2048)
     for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
         fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
     want = fresh.next_logits(0, new[-1], len(new) - 1)

@@ -6,11 +6,14 @@ import pytest
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.power.meter import ModeledMeter
 from swarmtune.engine.model.profiles import profile
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, wait_for
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def sim_app(kv_convert: bool = True) -> SwarmApp:
@@ -74,7 +77,7 @@ async def test_typed_values_and_refusals():
                                                  for n in app._notifications))
         await pilot.press("colon", *"cap", "space", *"x", "enter")
         assert await wait_for(pilot, lambda: any("cap needs a whole number" in n.message for n in app._notifications))
-        assert app.engine.state().batch_cap == 3 and app.engine.state().kv == "f16"
+        assert app.engine.state().batch_cap == 3 and app.engine.state().kv == KV("f16")
         for _ in range(5):
             await pilot.press("minus")
         assert await wait_for(pilot, lambda: any("(got 0)" in n.message for n in app._notifications))
@@ -150,7 +153,7 @@ async def test_tuner_and_residency_controls_and_its_decisions_on_screen():
     p = profile(SIM)
     s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes, seed=1,
                        gen_tokens=256, tool_tokens=1024, tool_latency_s=5.0)
-    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1)),
+    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), forecast_seeds=1)),
                autotune=True)
     app = SwarmApp(LiveSource(e))
     async with app.run_test(size=(160, 50)) as pilot:

@@ -7,8 +7,11 @@ import pytest
 from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.probe import time_decode
 from tests.conftest import run_cli
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 pytestmark = pytest.mark.model
 
@@ -47,7 +50,7 @@ def test_same_seed_same_text(llama_backend):
 
 
 def test_no_kv_slot_is_a_scheduling_event(llama_backend):
-    llama_backend.open("f16", 2, 256)
+    llama_backend.open(KV("f16"), 2, 256)
     llama_backend.seed_sampler(0, 1)
     llama_backend.prefill(0, [1] * 200, 0)
     with pytest.raises(NoKVSlot):
@@ -62,7 +65,7 @@ def test_kv_switch_and_budget_on_the_real_model(llama_backend):
         preempted = preempted or bool(r.preempted)
         assert sum(a.context for a in r.agents) <= e.budget_tokens(e.s.kv)
     assert preempted
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     r = e.step()
     assert r.kind == "rebuild" and r.kv_type == "q8_0"
     assert llama_backend.kv_buffer_bytes == pytest.approx(4 * 512 * 12240, abs=0.006 * 2**20)
@@ -72,7 +75,7 @@ def test_kv_switch_and_budget_on_the_real_model(llama_backend):
 
 
 def test_copied_contexts_time_like_separate_ones(llama_backend):
-    llama_backend.open("f16", 4, 1024)
+    llama_backend.open(KV("f16"), 4, 1024)
     copied, separate = [], []
     for _ in range(3):  # alternated, the fastest of each: one slow round on a shared host is not the answer
         copied.append(time_decode(llama_backend, 4, 768, steps=10, copy=True).seconds_per_step)

@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "bench" / "gpu"
@@ -79,7 +82,7 @@ def test_written_model_reads_back_the_intended_shape(cpu_check, capsys):
     f = read_model_facts(model)
     assert (f.architecture, f.n_layer, f.n_head, f.n_head_kv_per_layer, f.head_dim_k, f.head_dim_v) == (
         "qwen3", shape.n_layer, shape.n_head, (shape.n_head_kv,) * shape.n_layer, shape.head_dim, shape.head_dim)
-    assert f.kv_bytes_per_token("f16") == shape.kv_bytes_per_token_f16 == 2 * 2 * 2 * 64 * 2
+    assert f.kv_bytes_per_token(KV("f16")) == shape.kv_bytes_per_token_f16 == 2 * 2 * 2 * 64 * 2
     assert not f.tied_output
     assert f.weight_bytes == shape.weight_bytes(49152)  # the SmolLM2 tokenizer's vocabulary
     assert "synthetic" in f.name

@@ -7,6 +7,7 @@ import pytest
 
 from swarmtune.engine.backends.backend import CacheMismatch
 from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.kv_probe import (
     RATIO_BOUNDS,
     SHORT_CONTEXT,
@@ -20,6 +21,8 @@ from swarmtune.engine.measure.step_model import Fit
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, prefill_code
 
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
 
 @pytest.mark.model
 def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(llama_backend):
@@ -27,13 +30,13 @@ def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(
     tokens, nxt, cells_before, logits_before = prefill_code(b)
     samplers = dict(b._samplers)  # the session's backend: other tests' samplers too
 
-    p = probe_kv(b, "f16", "q8_0", 2, 256)
+    p = probe_kv(b, KV("f16"), KV("q8_0"), 2, 256)
 
-    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == ("f16", 2, cells_before, (-1, -1))
+    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == (KV("f16"), 2, cells_before, (-1, -1))
     assert b._samplers == samplers
     np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
     # what it timed: each type's history in chunks at their positions, then three decode points
-    for kv in ("f16", "q8_0"):
+    for kv in (KV("f16"), KV("q8_0")):
         assert [(n, pos) for n, pos, _ in p.prefill[kv]] == [(128, 0), (128, 128)]
         mid = WARMUP + (STEPS + 1) / 2  # the timed steps' mean context past the history
         assert [(bb, c) for bb, c, _ in p.decode[kv]] == [(1, SHORT_CONTEXT + mid), (2, SHORT_CONTEXT + mid),
@@ -47,8 +50,8 @@ def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(
 @pytest.mark.model
 def test_a_type_probed_against_itself_scales_a_fit_by_about_one(llama_backend):
     """The same type twice: the two lines differ by the machine's noise only (a shared 2-core box: a wide bound)."""
-    llama_backend.open("f16", 1, 256)
-    p = probe_kv(llama_backend, "f16", "f16", 4, 256)
+    llama_backend.open(KV("f16"), 1, 256)
+    p = probe_kv(llama_backend, KV("f16"), KV("f16"), 4, 256)
     fixed, per_token = p.ratios
     assert 0.6 < fixed < 1.6 and 0.33 < per_token < 3.0
 
@@ -86,16 +89,16 @@ def test_the_long_point_follows_the_swarm_within_its_bounds():
 
 def test_the_simulated_side_cache_is_as_strict_as_the_live_one_and_leaves_it_as_it_was():
     b = SimBackend(profile(SIM))
-    b.open("f16", 2, 512)
+    b.open(KV("f16"), 2, 512)
     b.seed_sampler(0, 3)
     b.prefill(0, b.tokenize("x" * 400), 0)
     live = dict(b._len)
-    with b.side_cache("q8_0", 4, 300):
-        assert b.kv == "q8_0" and b.cells(0) == (-1, -1)
+    with b.side_cache(KV("q8_0"), 4, 300):
+        assert b.kv == KV("q8_0") and b.cells(0) == (-1, -1)
         with pytest.raises(CacheMismatch):  # a token past the side cache's own history, as llama.cpp refuses
             b.decode([0], [1], [100])
         b.prefill(0, b.tokenize("y" * 40), 0)
-    assert (b.kv, b.n_seqs, b._len) == ("f16", 2, live)
+    assert (b.kv, b.n_seqs, b._len) == (KV("f16"), 2, live)
     b.decode([0], [1], [live[0]])  # the live sequence goes on where it was
 
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.quality.kv_quality import LOG_P_FLOOR, MIN_POSITIONS, BandFigures, kl_and_top1, measure, windows
 from tests.conftest import run_cli
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def test_kl_is_the_reference_weighted_log_ratio_and_zero_against_itself():
@@ -41,7 +43,7 @@ def test_windows_are_cut_as_llama_perplexity_cuts_them():
 
 
 def test_a_band_with_too_few_positions_says_so():
-    f = BandFigures("q8_0", (256, 511))
+    f = BandFigures(KV("q8_0"), (256, 511))
     f.add(np.full(MIN_POSITIONS - 1, 0.01), np.ones(MIN_POSITIONS - 1, dtype=bool))
     f.close()
     assert f.mean_kl is None and "too few positions" in f.line() and "too few" in f.to_json()["source"]
@@ -54,12 +56,12 @@ def test_a_band_with_too_few_positions_says_so():
 @pytest.mark.parametrize("text", ["q9_0", "q8_0/", "q8_0/f16/f16", "/f16", ""])
 def test_an_unknown_or_malformed_kv_setting_is_one_user_error(text):
     with pytest.raises(UserError):
-        kv_pair(text)
+        KV(text)
 
 
 def test_k_and_v_apart_and_one_spelling_for_both():
-    assert kv_pair("q8_0").label == "q8_0" and kv_pair("q8_0/q8_0").label == "q8_0"
-    p = kv_pair("q8_0/f16")
+    assert KV("q8_0").label == "q8_0" and KV("q8_0/q8_0").label == "q8_0"
+    p = KV("q8_0/f16")
     assert (p.k.name, p.v.name, p.label, p.quantized) == ("q8_0", "f16", "q8_0/f16", True)
 
 
@@ -68,9 +70,9 @@ def test_measured_on_the_default_model_f16_is_its_own_reference_and_k_and_v_diff
     moves the distribution more than q8_0, and K and V apart are measured apart."""
     text = "def f(x):\n    return x + 1\n\n" * 20 + "class A:\n    def g(self, y):\n        return y * 2\n" * 20
     toks = llama_backend.tokenize(text)
-    figs = measure(llama_backend, [toks], ["f16", "q8_0", "q4_0", "q4_0/f16"], [256], bos=llama_backend.bos_token(),
-                   max_windows=2)
-    by = {f.setting: f for f in figs}
+    figs = measure(llama_backend, [toks], [KV("f16"), KV("q8_0"), KV("q4_0"), KV("q4_0/f16")], [256],
+                   bos=llama_backend.bos_token(), max_windows=2)
+    by = {f.setting.label: f for f in figs}
     assert all(f.band == (128, 255) and f.positions == 2 * 127 for f in figs)
     assert by["f16"].mean_kl == pytest.approx(0.0, abs=1e-6) and by["f16"].top1_same == 1.0
     assert 0 < by["q8_0"].mean_kl < by["q4_0"].mean_kl

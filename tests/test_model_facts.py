@@ -3,8 +3,10 @@ import pytest
 from gguf import GGUFWriter
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import KV_TYPES
+from swarmtune.engine.kv_types import KV_TYPES, KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def test_default_model_weight_and_kv_bytes(model_path):
@@ -12,13 +14,14 @@ def test_default_model_weight_and_kv_bytes(model_path):
     assert (f.n_layer, f.n_head, f.n_head_kv_per_layer[0], f.head_dim_k, f.head_dim_v) == (30, 9, 3, 64, 64)
     assert f.tied_output  # SmolLM2 ties its output head to token_embd: the whole matrix is read every step
     assert f.weight_bytes == f.tensor_bytes
-    assert f.kv_bytes_per_token("f16") == 30 * 3 * 128 * 2
-    assert f.kv_bytes_per_token("q8_0") == 30 * 3 * 128 * 34 / 32
-    assert f.kv_bytes_per_token("q4_0") == 30 * 3 * 128 * 18 / 32
+    assert f.kv_bytes_per_token(KV("f16")) == 30 * 3 * 128 * 2
+    assert f.kv_bytes_per_token(KV("q8_0")) == 30 * 3 * 128 * 34 / 32
+    assert f.kv_bytes_per_token(KV("q4_0")) == 30 * 3 * 128 * 18 / 32
 
 
-@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0", "bf16", "q5_1"])
-def test_kv_bytes_match_llama_cpp_buffer(llama_backend, kv):
+@pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0", "bf16", "q5_1"])
+def test_kv_bytes_match_llama_cpp_buffer(llama_backend, name):
+    kv = KV(name)
     llama_backend.open(kv, 2, 512)
     expected = 2 * 512 * llama_backend.facts.kv_bytes_per_token(kv)
     # llama.cpp logs the size in MiB with two decimals
@@ -51,7 +54,7 @@ def test_untied_embedding_counts_only_looked_up_rows(tmp_path):
     assert f.embd_row_bytes == row
     assert f.weight_bytes == (100 * 64 + 64 * 64 + 64) * 4  # output head, block, norm; not token_embd
     assert f.step_weight_bytes(8) == f.weight_bytes + 8 * row
-    assert f.kv_bytes_per_token("f16") == 2 * 2 * (16 + 16) * 2
+    assert f.kv_bytes_per_token(KV("f16")) == 2 * 2 * (16 + 16) * 2
 
 
 def test_tied_embedding_counts_in_full(tmp_path):

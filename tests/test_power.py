@@ -11,6 +11,7 @@ import pytest
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
 from swarmtune.engine.measure.power.sampler import PowerSampler
@@ -27,6 +28,8 @@ from swarmtune.engine.measure.power.sensors import (
 from swarmtune.engine.measure.sweep import run_sweep
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, run_cli
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def rapl_tree(root, energy_uj: int, max_uj: int = 262143328850):
@@ -346,7 +349,7 @@ SEED_ENERGY = {1: (3.54, 0.28), 2: (2.03, 0.49), 4: (1.29, 0.78), 8: (0.95, 1.06
 def test_energy_ledger_reproduces_the_seed():
     p = profile(SIM)
     meter = ModeledMeter(p.power_floor_watts, p.power_per_agent_watts)
-    r = run_sweep(SimBackend(p), "f16", [1, 2, 4, 8], [2400], meter=meter)
+    r = run_sweep(SimBackend(p), KV("f16"), [1, 2, 4, 8], [2400], meter=meter)
     for row in r.rows:
         jpt, tpj = SEED_ENERGY[row.batch]
         assert row.joules_per_token == pytest.approx(jpt, abs=0.03)
@@ -406,7 +409,7 @@ def test_real_sweep_measures_power_from_a_sensor(tmp_path, llama_backend):
     meter = make_meter("rapl", None, root=str(tmp_path), interval_s=0.02)
     try:
         time.sleep(0.1)
-        r = run_sweep(llama_backend, "f16", [1, 2], [64], steps=12, meter=meter)
+        r = run_sweep(llama_backend, KV("f16"), [1, 2], [64], steps=12, meter=meter)
     finally:
         meter.close()
         stop.set()

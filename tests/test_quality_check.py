@@ -9,29 +9,32 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.quality.kv_quality import kl_and_top1
 from swarmtune.engine.quality.quality_check import CHECK_POSITIONS, QualityCheck, QualityLedger, band_of
 from swarmtune.engine.quality.quality_texts import swarm_documents
 from swarmtune.engine.tune import Goal, Tuner
 from tests.conftest import SIM, run_cli
 
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
 
 def test_a_figure_stands_for_its_band_of_context_only():
     assert band_of(700) == (512, 1024) and band_of(1024) == (1024, 2048) and band_of(3) == (2, 4)
     ledger = QualityLedger()
-    ledger.add("q8_0", band_of(700), np.full(120, 0.004), np.ones(120, dtype=bool))
-    assert ledger.mean_kl("q8_0", 900) == pytest.approx(0.004)
-    assert ledger.mean_kl("q8_0", 1500) is None  # the contexts grew out of its band: stale, not a figure
-    assert ledger.mean_kl("q8_0/q8_0", 600) == pytest.approx(0.004)  # one setting, two spellings
-    assert ledger.mean_kl("f16", 5000) == 0.0  # the reference against itself
-    assert ledger.within("q8_0", 700, 0.01) is True and ledger.within("q8_0", 700, 0.001) is False
-    assert ledger.within("q4_0", 700, 0.01) is None
-    ledger.add("q4_0", band_of(700), np.full(50, 0.05), np.ones(50, dtype=bool))
-    assert ledger.mean_kl("q4_0", 700) is None  # fewer positions than a figure needs
+    ledger.add(KV("q8_0"), band_of(700), np.full(120, 0.004), np.ones(120, dtype=bool))
+    assert ledger.mean_kl(KV("q8_0"), 900) == pytest.approx(0.004)
+    assert ledger.mean_kl(KV("q8_0"), 1500) is None  # the contexts grew out of its band: stale, not a figure
+    assert ledger.mean_kl(KV("q8_0/q8_0"), 600) == pytest.approx(0.004)  # one setting, two spellings
+    assert ledger.mean_kl(KV("f16"), 5000) == 0.0  # the reference against itself
+    assert ledger.within(KV("q8_0"), 700, 0.01) is True and ledger.within(KV("q8_0"), 700, 0.001) is False
+    assert ledger.within(KV("q4_0"), 700, 0.01) is None
+    ledger.add(KV("q4_0"), band_of(700), np.full(50, 0.05), np.ones(50, dtype=bool))
+    assert ledger.mean_kl(KV("q4_0"), 700) is None  # fewer positions than a figure needs
 
 
 def test_off_on_the_simulated_card(sim_engine):
-    q = QualityCheck(budget_share=1.0, wanted=("q8_0",))
+    q = QualityCheck(budget_share=1.0, wanted=(KV("q8_0"),))
     assert not q.enabled(sim_engine)
 
 
@@ -39,17 +42,17 @@ def test_one_check_on_the_default_model(llama_backend):
     text = "def area(r):\n    return 3.14159 * r * r\n\n" * 40
     history = llama_backend.tokenize(text)[:300]
     q = QualityCheck()
-    ev = q.check(llama_backend, "q4_0", history, agent_id=3)
-    assert ev.kv == "q4_0" and ev.context == 300 and ev.band == [256, 512] and ev.positions == CHECK_POSITIONS
+    ev = q.check(llama_backend, KV("q4_0"), history, agent_id=3)
+    assert ev.kv == KV("q4_0") and ev.context == 300 and ev.band == [256, 512] and ev.positions == CHECK_POSITIONS
     assert ev.check_kl > 0 and ev.check_s > 0 and q.spent_s == pytest.approx(ev.check_s, rel=0.01)
     assert ev.mean_kl is None and "a figure needs" in ev.why  # one check: too few positions yet
-    ev = q.check(llama_backend, "q4_0", history, agent_id=3)
+    ev = q.check(llama_backend, KV("q4_0"), history, agent_id=3)
     assert ev.positions == 2 * CHECK_POSITIONS and ev.mean_kl is not None and ev.mean_kl > 0
-    assert q.ledger.mean_kl("q4_0", 300) == pytest.approx(ev.mean_kl, abs=1e-6)
+    assert q.ledger.mean_kl(KV("q4_0"), 300) == pytest.approx(ev.mean_kl, abs=1e-6)
     assert ev.to_json()["phase"] == "quality" and "measured" in ev.source
 
 
-def _decoded(backend, kv: str, history: list[int], start: int) -> list:
+def _decoded(backend, kv: KVSetting, history: list[int], start: int) -> list:
     """The logits a live cache at kv produced, decoding history[start:] one token at a time."""
     backend.open(kv, 2, 512)
     backend.seed_sampler(0, 1)
@@ -66,14 +69,14 @@ def test_a_quantized_caches_own_logits_stand_for_one_side(llama_backend):
     """What a live q8_0 cache produced while decoding is what a q8_0 prefill computes, bit for bit: one side
     context (the reference) measures what two measure at the same positions."""
     history = swarm_documents(llama_backend, 1, 265)[0][:265]
-    kept = _decoded(llama_backend, "q8_0", history[:264], 200)
-    assert [k.pos for k in kept] == list(range(200, 264)) and all(k.kv == "q8_0" for k in kept)
-    one = QualityCheck().check(llama_backend, "q8_0", history[:264], kept=kept)
+    kept = _decoded(llama_backend, KV("q8_0"), history[:264], 200)
+    assert [k.pos for k in kept] == list(range(200, 264)) and all(k.kv == KV("q8_0") for k in kept)
+    one = QualityCheck().check(llama_backend, KV("q8_0"), history[:264], kept=kept)
     assert one.positions == CHECK_POSITIONS and "live q8_0 cache's own logits" in one.why and one.context == 264
-    both = QualityCheck().check(llama_backend, "q8_0", history)  # positions 200..263 through two contexts
+    both = QualityCheck().check(llama_backend, KV("q8_0"), history)  # positions 200..263 through two contexts
     assert one.check_kl == pytest.approx(both.check_kl, abs=1e-6), (one.check_kl, both.check_kl)
     with pytest.raises(ValueError):
-        QualityCheck().check(llama_backend, "q4_0", history[:264], kept=kept)
+        QualityCheck().check(llama_backend, KV("q4_0"), history[:264], kept=kept)
 
 
 def _computed(why: str) -> int:
@@ -86,12 +89,12 @@ def test_an_agents_side_contexts_are_held_and_compute_only_what_is_new(llama_bac
     history = swarm_documents(llama_backend, 1, 700)[0][:700]
     q = QualityCheck()
     try:
-        first = q.check(llama_backend, "q8_0", history[:500], agent_id=0, n_ctx=1024)
-        again = q.check(llama_backend, "q8_0", history, agent_id=0, n_ctx=1024)
+        first = q.check(llama_backend, KV("q8_0"), history[:500], agent_id=0, n_ctx=1024)
+        again = q.check(llama_backend, KV("q8_0"), history, agent_id=0, n_ctx=1024)
     finally:
         q.close()
     assert _computed(first.why) == 2 * 500 and _computed(again.why) == 2 * 200
-    fresh = QualityCheck().check(llama_backend, "q8_0", history)
+    fresh = QualityCheck().check(llama_backend, KV("q8_0"), history)
     assert _computed(fresh.why) == 2 * 700
     assert again.check_kl == pytest.approx(fresh.check_kl, abs=1e-6), (again.check_kl, fresh.check_kl)
 
@@ -100,8 +103,8 @@ def test_an_f16_decode_is_no_reference(llama_backend):
     """Why a swarm at f16 is checked through two side contexts: its own decode rows differ from the reference
     prefill's by about what q8_0 costs (llama.cpp's CPU flash attention rounds a one-row query to f16)."""
     history = swarm_documents(llama_backend, 1, 265)[0][:264]
-    live = np.stack([k.logits for k in _decoded(llama_backend, "f16", history, 200)])
-    with llama_backend.scorer("f16", 264) as sc:
+    live = np.stack([k.logits for k in _decoded(llama_backend, KV("f16"), history, 200)])
+    with llama_backend.scorer(KV("f16"), 264) as sc:
         prefilled = sc.logits(history, 200, at=list(range(200, 264)))
     kl, _ = kl_and_top1(prefilled, live)
     assert kl.mean() > 1e-5, kl.mean()
@@ -120,11 +123,11 @@ def one_thread(model_path):
     b.close()
 
 
-def _engine(backend, kv: str, budget: float | None, share: float) -> Engine:
+def _engine(backend, kv: KVSetting, budget: float | None, share: float) -> Engine:
     s = EngineSettings(agents=4, kv=kv, ctx_per_agent=640, gen_tokens=24, tool_tokens=96, seed=3,
                        tool_latency_s=0.05)
     # no probe (a run under 600 s) and no look (epochs of 1,000 s): the quality budget alone moves it
-    goal = Goal(allowed_kv=("f16", "q4_0"), kv_quality=budget, epoch_s=1000.0, run_s=300.0)
+    goal = Goal(allowed_kv=(KV("f16"), KV("q4_0")), kv_quality=budget, epoch_s=1000.0, run_s=300.0)
     return Engine(backend, s, tuner=Tuner(goal), autotune=True,
                   quality=QualityCheck(budget_share=share, wanted=goal.allowed_kv))
 
@@ -132,7 +135,7 @@ def _engine(backend, kv: str, budget: float | None, share: float) -> Engine:
 def test_a_tuner_under_a_budget_q4_0_exceeds_leaves_q4_0_and_never_holds_it_again(one_thread):
     """The default model's q4_0 costs ~0.045 nats (measured, docs/quality.md): past a 0.01 budget. Started at
     q4_0, the tuner leaves it once the live check has a figure, says why, and never goes back."""
-    e = _engine(one_thread, "q4_0", 0.01, share=1.0)
+    e = _engine(one_thread, KV("q4_0"), 0.01, share=1.0)
     kvs, notes = [], []
     while e.now_s() < 150 and "f16" not in kvs:
         r = e.step()
@@ -144,11 +147,11 @@ def test_a_tuner_under_a_budget_q4_0_exceeds_leaves_q4_0_and_never_holds_it_agai
     for _ in range(60):
         assert e.step().kv_type == "f16"
     assert e.tuner.candidates(e, Tuner.setting(e)) == [c for c in e.tuner.candidates(e, Tuner.setting(e))
-                                                        if c.kv != "q4_0"]
+                                                        if c.kv != KV("q4_0")]
 
 
 def test_with_the_budget_off_the_check_still_measures_but_decides_nothing(one_thread):
-    e = _engine(one_thread, "q4_0", None, share=1.0)
+    e = _engine(one_thread, KV("q4_0"), None, share=1.0)
     notes: list[str] = []
     # until two checks came (a figure needs two), or two and a half minutes of a loaded machine
     while e.now_s() < 150 and sum(n.startswith("quality check") for n in notes) < 2:
@@ -156,11 +159,11 @@ def test_with_the_budget_off_the_check_still_measures_but_decides_nothing(one_th
         if r.kind == "tune":
             notes.append(r.note)
     assert sum(n.startswith("quality check") for n in notes) >= 2, notes
-    assert e.s.kv == "q4_0" and not any("quality budget" in n for n in notes)
+    assert e.s.kv == KV("q4_0") and not any("quality budget" in n for n in notes)
 
 
 def test_the_check_keeps_within_its_share_of_the_run(one_thread):
-    e = _engine(one_thread, "q8_0", None, share=0.25)
+    e = _engine(one_thread, KV("q8_0"), None, share=0.25)
     e.tuner = None
     q = e.quality
     assert isinstance(q, QualityCheck)
@@ -186,11 +189,11 @@ def test_off_is_a_budget_too(tmp_path):
 
 
 def test_a_control_to_a_pair_reaches_the_live_check(one_thread):
-    e = _engine(one_thread, "f16", None, share=1.0)
+    e = _engine(one_thread, KV("f16"), None, share=1.0)
     e.tuner = None
     for _ in range(10):
         e.step()
-    e.request(Control(kv="q8_0/f16"))
+    e.request(Control(kv=KV("q8_0/f16")))
     seen: list[str] = []
     while e.now_s() < 90 and "q8_0/f16" not in seen:
         r = e.step()

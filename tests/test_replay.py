@@ -4,10 +4,13 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import read_recording
 from swarmtune.sources.replay import ReplaySource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, run_cli, wait_for
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ async def test_replay_controls(recording):
         assert src.speed == 4
         assert app.check_action("cycle_kv", ()) is False  # a replay has no engine controls
         with pytest.raises(UserError, match="read-only"):
-            src.request(Control(kv="q8_0"))
+            src.request(Control(kv=KV("q8_0")))
         await pilot.press("k")  # not a replay key: no engine control is offered
         assert app.stats.latest.kv_type == "f16"
         assert app.stop_engine()

@@ -14,9 +14,12 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, prefill_code
 from tests.test_cache_integrity import assert_each_agent_continues_its_own_text
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 def _sim(residency: str, latency_s: float = 5.0, seed: int = 1) -> Engine:
@@ -92,9 +95,9 @@ def test_a_kv_switch_with_agents_swapped_out_keeps_every_cache_consistent():
     e = _sim("swap")
     _run_until(e, 60)
     assert any(a.residency is Residency.HOST for a in e.agents) or _run_until(e, 120)
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     _run_until(e, e.now_s() + 60)  # the check runs after every step
-    assert e.s.kv == "q8_0"
+    assert e.s.kv == KV("q8_0")
 
 
 def test_bad_residency_and_latency_are_one_line_errors():
@@ -121,7 +124,7 @@ def test_swap_out_and_back_leaves_cells_and_logits_as_they_were(llama_backend):
     assert np.argmax(logits_after) == np.argmax(logits_before)
     np.testing.assert_allclose(logits_after, logits_before, atol=1e-3)
     # and a state saved at one cache type is refused by another
-    b.open("q8_0", 2, 512)
+    b.open(KV("q8_0"), 2, 512)
     from swarmtune.engine.backends.backend import CacheMismatch
 
     with pytest.raises(CacheMismatch):

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.kv_types import F16
 from swarmtune.engine.records import iter_lines
 from tests.conftest import until
 from tests.remote_helpers import served
@@ -121,7 +122,7 @@ def test_completions_and_litellm(server):
 
 def greedy_reference(b, prompt: list[int], n: int) -> str:
     """The engine's own unbatched greedy decode: one sequence, nothing else in its batch."""
-    b.open("f16", 1, 2048)
+    b.open(F16, 1, 2048)
     b.set_sampler(0, SamplingParams(temperature=0.0))
     pos = 0
     for i in range(0, len(prompt), b.max_chunk_tokens):

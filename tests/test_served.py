@@ -11,9 +11,12 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
 from swarmtune.engine.engine import Engine
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
 from tests.conftest import SIM
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 
 # the text a client sees
@@ -215,7 +218,7 @@ def test_a_kv_switch_mid_stream_loses_and_repeats_no_token():
     e, served = make(agents=4)
     clients = [ask(e, served, toks(e, f"agent {i} works on task {i} " * 12), max_tokens=40, seed=i) for i in range(4)]
     run(e, lambda: all(r.completion_tokens >= 5 for r, _ in clients))
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     run(e, lambda: all(c.done is not None for _, c in clients))
     for r, c in clients:
         assert c.done.usage.completion_tokens == 40
@@ -259,7 +262,7 @@ def test_the_tuner_forecasts_served_traffic_without_waiting_for_clients():
     p = profile(SIM)
     backend = SimBackend(p)
     served = ServedAgents(backend)
-    tuner = Tuner(Goal(allowed_kv=("f16", "q8_0"), forecast_seeds=1, run_s=60.0))
+    tuner = Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), forecast_seeds=1, run_s=60.0))
     e = Engine(backend, EngineSettings(agents=4, batch_cap=4, ctx_per_agent=4096, reference=False),
                agents=served, tuner=tuner, autotune=True)
     for turn in range(8):

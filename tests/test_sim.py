@@ -8,10 +8,13 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
 from swarmtune.engine.measure.sweep import run_sweep
 from swarmtune.engine.model.profiles import PROFILES, profile
 from tests.conftest import SIM, run_cli
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 SEED_TABLE = {2400: 5.6, 4700: 4.5, 6900: 3.8, 16000: 2.6, 55000: 1.6}
 
@@ -25,7 +28,7 @@ def test_seed_formula_and_crossover():
 
 
 def test_sweep_reproduces_the_seed_table():
-    r = run_sweep(SimBackend(profile(SIM)), "f16", [1, 8], list(SEED_TABLE))
+    r = run_sweep(SimBackend(profile(SIM)), KV("f16"), [1, 8], list(SEED_TABLE))
     got = {row.context: row.speedup for row in r.rows if row.batch == 8}
     for ctx, s in SEED_TABLE.items():
         assert got[ctx] == pytest.approx(s, abs=0.1)
@@ -100,8 +103,8 @@ def test_kv_switch_rebuilds_and_reprefills(sim_engine):
     for _ in range(200):
         sim_engine.step()
     live = sum(a.context for a in sim_engine.agents)
-    state = sim_engine.request(Control(kv="q8_0"))
-    assert state.kv == "q8_0"
+    state = sim_engine.request(Control(kv=KV("q8_0")))
+    assert state.kv == KV("q8_0")
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.kv_type == "q8_0" and r.tokens >= live - 8 and r.seconds > 0
     assert "f16 -> q8_0" in r.note
@@ -113,7 +116,7 @@ def test_kv_switch_converts_the_cached_rows_at_a_modeled_cost(sim_engine):
     for _ in range(200):
         sim_engine.step()
     live = sum(a.context for a in sim_engine.agents if a.residency.value == "cache")
-    sim_engine.request(Control(kv="q8_0"))
+    sim_engine.request(Control(kv=KV("q8_0")))
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.tokens == 0 and r.converted_tokens == live > 0
     converts = [m for m in r.moved if m.op == "convert"]
@@ -130,16 +133,16 @@ def test_a_cache_type_the_build_refuses_keeps_the_old_one(sim_engine, monkeypatc
     real_open = sim_engine.backend.open
 
     def picky_open(kv, n, ctx):
-        if kv == "q4_0":
+        if kv == KV("q4_0"):
             raise UserError("llama.cpp could not create a context with KV type q4_0 on this build")
         real_open(kv, n, ctx)
 
     monkeypatch.setattr(sim_engine.backend, "open", picky_open)
-    sim_engine.request(Control(kv="q4_0"))
+    sim_engine.request(Control(kv=KV("q4_0")))
     r = sim_engine.step()
     assert r.kind == "rebuild" and r.kv_type == "f16" and "q4_0 refused" in r.note
     assert r.refused_kv == "q4_0"  # the tuner learns it from the record: no candidate after this
-    assert sim_engine.state().kv == "f16"
+    assert sim_engine.state().kv == KV("f16")
     for _ in range(20):
         r = sim_engine.step()
     assert r.kv_type == "f16" and r.kind in ("decode", "prefill")
@@ -151,9 +154,9 @@ def test_controls_validate_and_leave_the_engine_alone(sim_engine):
         sim_engine.request(Control(batch_cap=0))
     with pytest.raises(UserError):
         sim_engine.request(Control(batch_cap=99))
-    with pytest.raises(UserError):
-        sim_engine.request(Control(kv="fp8"))
-    assert sim_engine.state().batch_cap == 8 and sim_engine.state().kv == "f16"
+    with pytest.raises(UserError, match="unknown KV type 'fp8'"):  # read where it enters: never a Control
+        sim_engine.request(Control.from_http({"kv_type": "fp8"}))
+    assert sim_engine.state().batch_cap == 8 and sim_engine.state().kv == KV("f16")
     sim_engine.request(Control(batch_cap=3))
     r = sim_engine.step()
     assert r.batch_cap == 3
@@ -181,7 +184,7 @@ def test_sim_cache_is_as_strict_as_a_consistent_llama_cache():
     from swarmtune.engine.backends.backend import CacheMismatch
 
     b = SimBackend(profile(SIM))
-    b.open("f16", 2, 64)
+    b.open(KV("f16"), 2, 64)
     b.seed_sampler(0, 1)
     b.prefill(0, [1, 2, 3], 0)
     assert b.cells(0) == (0, 2) and b.cells(1) == (-1, -1)
@@ -204,7 +207,7 @@ def test_sim_kv_switch_keeps_every_cache():
     for _ in range(200):
         e.step()
     held = {a.id: a.context for a in e.agents}
-    e.request(Control(kv="q8_0"))
+    e.request(Control(kv=KV("q8_0")))
     r = e.step()
     # every history comes back (with the token each had sampled, and any tool result still pending)
     # (converted in place: engine/backends/kv_convert.py; none prefilled again)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import StepRecord, step_from_dict
 from swarmtune.engine.tune_events import (
     Confirmed,
@@ -20,7 +21,9 @@ from swarmtune.engine.tune_events import (
     event_from_json,
 )
 
-A, B = Setting(8, "f16", "keep"), Setting(8, "q8_0", "keep")
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
+A, B = Setting(8, KV("f16"), "keep"), Setting(8, KV("q8_0"), "keep")
 EVENTS = [
     Decision(from_=A, to=B, objective="tokens_per_s", predicted_gain=0.12, predicted_gain_source="modeled",
              trial=False, forecast_spread=0.01, horizon_s=68.0, mean_context=310.5, forecast_error=0.05,
@@ -34,8 +37,8 @@ EVENTS = [
              q=1.43, q_stderr=0.1, decode_steps=8, trial=False),
     Reverted(from_=B, to=A, measured_gain=-0.2, mean_context=400.0, source="objective", why="back", stated_error=0.1),
     RevertRefused(to=A, why="tune check: no"),
-    Probed(kv="q8_0", base_kv="f16", why="timed", figures={"batch": 4, "probe_seconds": 2.2}),
-    Probed(kv="q8_0", base_kv="f16", why="could not", error="no slot"),
+    Probed(kv=KV("q8_0"), base_kv=KV("f16"), why="timed", figures={"batch": 4, "probe_seconds": 2.2}),
+    Probed(kv=KV("q8_0"), base_kv=KV("f16"), why="could not", error="no slot"),
     Trial(from_=A, to=B, objective="tokens_per_s", forecast_gain=0.2, forecast_gain_source="modeled",
           forecast_error=0.05, forecast_error_source="prior", exploratory=False, block_s=1.0, max_pairs=8, bar=0.01,
           mean_context=300.0, why="tune trial"),

@@ -6,10 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.tune import Goal, Setting, Tuner
 from swarmtune.engine.tune.experiment import MIN_BLOCK_DECODE_STEPS, MIN_PAIRS, Experiment, t95
 
-A, B = Setting(8, "f16", "keep"), Setting(8, "q8_0", "keep")
+KV = KVSetting.parse  # a KV setting as a flag spells it
+
+A, B = Setting(8, KV("f16"), "keep"), Setting(8, KV("q8_0"), "keep")
 
 
 class _Model:
@@ -25,10 +28,10 @@ class _Model:
         return 0.01 * tokens
 
 
-def _rec(t: float, kv: str, seconds: float, tokens: int = 8):
+def _rec(t: float, kv: KVSetting, seconds: float, tokens: int = 8):
     return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, tokens=tokens, batch=8,
-                           batch_ids=list(range(8)), agents=[], mean_context=100.0, kv_type=kv, joules=None,
-                           watts=None)
+                           batch_ids=list(range(8)), agents=[], mean_context=100.0, kv_type=kv.label, kv=kv,
+                           joules=None, watts=None)
 
 
 def _drive(x: Experiment, seconds_of, blocks: int) -> list[str]:
@@ -86,16 +89,16 @@ def test_bounds_come_from_the_pairs_spread_with_students_t():
 
 def test_steps_of_another_setting_and_the_switch_itself_are_not_counted():
     x = _exp(model=_Model())
-    rebuild = SimpleNamespace(**{**vars(_rec(0.5, "f16", 0.5)), "kind": "rebuild"})
+    rebuild = SimpleNamespace(**{**vars(_rec(0.5, KV("f16"), 0.5)), "kind": "rebuild"})
     assert x.add(rebuild, A) is None and x.current.tally.seconds == 0  # the switch: the tuner's cost
-    assert x.add(_rec(1.0, "q8_0", 0.1), B) is None and x.current.tally.seconds == 0  # B's step in A's block
-    x.add(_rec(1.1, "f16", 0.1), A)
+    assert x.add(_rec(1.0, KV("q8_0"), 0.1), B) is None and x.current.tally.seconds == 0  # B's step in A's block
+    x.add(_rec(1.1, KV("f16"), 0.1), A)
     assert x.current.tally.seconds == pytest.approx(0.1)  # the first block follows no switch
     _drive(x, lambda s, t: 0.1, blocks=1)
     assert x.current.which == "B" and x.current.after_switch and x.current.tally.seconds == 0
-    x.add(_rec(9.0, "q8_0", 0.3), B)
+    x.add(_rec(9.0, KV("q8_0"), 0.3), B)
     assert x.current.tally.seconds == 0  # its first step of a batch size after a switch builds its graph
-    x.add(_rec(9.1, "q8_0", 0.1), B)
+    x.add(_rec(9.1, KV("q8_0"), 0.1), B)
     assert x.current.tally.seconds == pytest.approx(0.1)
 
 
@@ -125,7 +128,7 @@ def test_the_incumbents_own_noise_lets_one_pair_reject_but_never_keep():
     of its bar is rejected on it, and one far past it is not kept (that waits for MIN_PAIRS pairs)."""
     x = _exp(model=_Model())
     jitter = [0.1, 0.104, 0.097, 0.102, 0.099, 0.103, 0.098, 0.101]  # about 2% step to step
-    before = [_rec(0.1 * i, "f16", jitter[i % len(jitter)]) for i in range(80)]
+    before = [_rec(0.1 * i, KV("f16"), jitter[i % len(jitter)]) for i in range(80)]
     noise = x.measure_noise(before)
     assert noise is not None and noise.sd["objective"][1] >= 3 and 0 < noise.sd["objective"][0] < 0.05
     assert "decode" in noise.sd

@@ -13,12 +13,15 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster
 from swarmtune.engine.tune.propose import Proposer
 from tests.conftest import SIM, run_cli
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 # short horizons keep the tests quick; the bench uses the defaults
 FAST = dict(epoch_s=10.0, horizon_s=120.0, forecast_seeds=1)
@@ -27,7 +30,7 @@ FAST = dict(epoch_s=10.0, horizon_s=120.0, forecast_seeds=1)
 def _engine(goal: Goal, agents: int = 8, latency_s: float = 5.0, kv: str = "f16", ctx: int | None = None,
             budget: bool = True) -> Engine:
     p = profile(SIM)
-    s = EngineSettings(agents=agents, kv=kv, ctx_per_agent=ctx or p.context_per_agent, gen_tokens=256,
+    s = EngineSettings(agents=agents, kv=KV(kv), ctx_per_agent=ctx or p.context_per_agent, gen_tokens=256,
                        tool_tokens=1024, kv_budget_bytes=p.kv_budget_bytes if budget else None,
                        tool_latency_s=latency_s, seed=1, check=True)
     return Engine(SimBackend(p), s, tuner=Tuner(goal), autotune=True)
@@ -45,7 +48,7 @@ def swarm_180s():
     """One seeded 180 s run with f16 and q8_0 allowed (the sim is deterministic), read by several tests:
     (the engine after it, its records, and after each record whether every forecast of staying still being
     checked was made for the setting then in force)."""
-    e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
+    e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **FAST))
     recs, checks_match = [], []
     while e.now_s() < 180:
         recs.append(e.step())
@@ -65,7 +68,7 @@ def test_allowed_a_smaller_kv_it_tries_it_on_the_swarm_and_keeps_it_on_what_it_m
     trials, done = _events(recs, "trial"), _events(recs, "experiment")
     assert trials and trials[0]["to"]["kv"] == "q8_0" and trials[0]["forecast_gain_source"] == "modeled"
     kept = [d for d in done if d["result"] == "kept"]
-    assert kept and kept[0]["to"]["kv"] == "q8_0" and e.s.kv == "q8_0", [d["why"] for d in done]
+    assert kept and kept[0]["to"]["kv"] == "q8_0" and e.s.kv == KV("q8_0"), [d["why"] for d in done]
     k = kept[0]
     # kept on measurement: its pairs, the step times they measured, the gain forecast again on them, at 95%
     assert k["pairs"] >= MIN_PAIRS and k["confidence"] == 0.95 and k["decode_factor"] is not None
@@ -90,8 +93,8 @@ def test_it_never_uses_a_kv_type_it_was_not_allowed():
 def test_it_holds_still_when_nothing_changes():
     """No budget pressure and no tool waits: every setting's forecast is steady. It keeps at most one change
     and never goes back. Without waits the swarm decodes all the time: a 60 s horizon keeps forecasts cheap."""
-    e = _engine(Goal(allowed_kv=("f16", "q8_0"), **{**FAST, "horizon_s": 60.0}), agents=4, latency_s=0.0, ctx=4096,
-                budget=False)
+    e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **{**FAST, "horizon_s": 60.0}), agents=4, latency_s=0.0,
+                ctx=4096, budget=False)
     recs = _run(e, 100)
     decided = _events(recs, "decided")
     assert len(decided) <= 1, [d["why"] for d in decided]
@@ -107,7 +110,7 @@ def test_it_never_oscillates(swarm_180s):
 
 
 def test_turned_off_it_decides_nothing_and_an_engine_without_one_refuses():
-    e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
+    e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **FAST))
     assert e.state().autotune is True
     e.request(Control(autotune=False))
     recs = _run(e, 150)
@@ -236,10 +239,10 @@ def test_a_kv_type_whose_budget_cannot_hold_one_agent_is_no_candidate():
     p = profile(SIM)
     s = EngineSettings(agents=1, ctx_per_agent=1600, gen_tokens=256, tool_tokens=1024, kv_budget_bytes=300e6,
                        tool_latency_s=5.0, seed=1)
-    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "f32"), **FAST)), autotune=True)
+    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("f32")), **FAST)), autotune=True)
     e.start()
-    cands = e.tuner.candidates(e, Setting(1, "f16", "keep"))
-    assert cands and all(c.kv == "f16" for c in cands)
+    cands = e.tuner.candidates(e, Setting(1, KV("f16"), "keep"))
+    assert cands and all(c.kv == KV("f16") for c in cands)
     _run(e, 60)  # and the run goes on: no forecast or decision raises out of the step
 
 
@@ -267,7 +270,7 @@ def test_the_stated_error_is_of_the_same_span_or_a_shorter_one_never_a_longer():
 
 
 def test_a_run_that_ends_mid_experiment_still_says_what_it_measured():
-    e = _engine(Goal(allowed_kv=("f16", "q8_0"), **FAST))
+    e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **FAST))
     recs, end = [], 300.0
     while e.now_s() < end:
         recs.append(e.step())
@@ -294,7 +297,7 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     switch costs nothing) comes before anything was prefilled."""
     e = Engine(llama_backend, EngineSettings(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=64, seed=2,
                                              tool_latency_s=0.2, tool_latency_sigma=0.5),
-               tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), epoch_s=1.0, horizon_s=4.0,
+               tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), epoch_s=1.0, horizon_s=4.0,
                                 forecast_seeds=1, think_share=1.0)),
                autotune=True)
     first = e.step()
@@ -304,8 +307,8 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     assert probed["source"] == "measured in a side cache" and probed["probe_seconds"] > 0
     # both types have a step-time fit and a prefill fit before any step of the swarm ran
     sim = e.tuner.forecaster.simulator(e)
-    assert sim is not None and {"f16", "q8_0"} <= set(sim.fits) and set(sim.prefills) == {"f16", "q8_0"}
-    assert e.tuner.measured.step_time_source(e, "q8_0").startswith("KV f16's fit scaled by a side-cache probe")
+    assert sim is not None and {KV("f16"), KV("q8_0")} <= set(sim.fits) and set(sim.prefills) == {KV("f16"), KV("q8_0")}
+    assert e.tuner.measured.step_time_source(e, KV("q8_0")).startswith("KV f16's fit scaled by a side-cache probe")
     # the first look came at once: staying is being checked, and an experiment may have begun
     assert e.tuner._looked and (e.tuner.checks.open_settings or e.tuner.trials.exp is not None)
     steps = [e.step() for _ in range(40)]
@@ -318,9 +321,9 @@ def _misstated(true: dict, seconds: float, tuned: bool, seed: int = 1):
     """The simulated RX 9070 XT as it is (`true`) under a tuner that forecasts with its profile as listed."""
     p = profile(SIM)
     t = misstated(p, true)
-    s = EngineSettings(agents=8, kv="f16", ctx_per_agent=p.context_per_agent, gen_tokens=256, tool_tokens=1024,
+    s = EngineSettings(agents=8, kv=KV("f16"), ctx_per_agent=p.context_per_agent, gen_tokens=256, tool_tokens=1024,
                        kv_budget_bytes=p.kv_budget_bytes, tool_latency_s=5.0, seed=seed, check=False)
-    e = Engine(SimBackend(t, stated=p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), run_s=seconds, **{
+    e = Engine(SimBackend(t, stated=p), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), run_s=seconds, **{
         k: v for k, v in FAST.items() if k != "horizon_s"})) if tuned else None, autotune=tuned)
     recs = _run(e, seconds)
     return sum(r.tokens for r in recs if r.kind == "decode") / e.now_s(), recs
@@ -342,7 +345,7 @@ def test_a_card_its_model_misstates_leaves_the_tuner_at_or_above_its_start(true)
 def test_an_experiment_within_the_forecasts_error_on_a_flat_workload_is_never_kept_on_too_few_pairs():
     """A flat swarm (no tool waits, no budget): every proposal is within the forecast's error, an exploration.
     Whatever it keeps, it kept on at least MIN_PAIRS pairs whose unfavourable bound cleared the bar."""
-    e = _engine(Goal(allowed_kv=("f16", "q8_0"), explore_share=0.5,
+    e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), explore_share=0.5,
                      **{**FAST, "horizon_s": 60.0, "prior_error": 0.5}), agents=4, latency_s=0.0, ctx=4096,
                 budget=False)
     recs = _run(e, 120)
@@ -364,7 +367,7 @@ def test_an_experiment_within_the_forecasts_error_on_a_flat_workload_is_never_ke
 @pytest.mark.slow
 def test_a_tuner_whose_thinking_is_dear_thinks_less_and_says_what_it_spent():
     def run(think_s: float) -> Tuner:
-        e = _engine(Goal(allowed_kv=("f16", "q8_0"), sim_think_s=think_s, **FAST))
+        e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), sim_think_s=think_s, **FAST))
         _run(e, 120)
         assert "tuner spent" in e.tuner.cost.line(e.now_s())
         return e.tuner
@@ -385,32 +388,32 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     p = profile(SIM)
     s = EngineSettings(agents=4, ctx_per_agent=p.context_per_agent, gen_tokens=64, tool_tokens=128, seed=1,
                        check=False)
-    goal = Goal(allowed_kv=("f16", "q8_0"), run_s=300.0, explore_share=0.0, **FAST)  # too short to probe
+    goal = Goal(allowed_kv=(KV("f16"), KV("q8_0")), run_s=300.0, explore_share=0.0, **FAST)  # too short to probe
     e = Engine(_TimedSim(p), s, tuner=Tuner(goal), autotune=True)
     for _ in range(40):
         e.step()
-    assert e.tuner.proposer.timed(e, "f16") and not e.tuner.proposer.timed(e, "q8_0")
-    sim = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"))), autotune=True)
-    assert sim.tuner.proposer.timed(sim, "q8_0")
+    assert e.tuner.proposer.timed(e, KV("f16")) and not e.tuner.proposer.timed(e, KV("q8_0"))
+    sim = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")))), autotune=True)
+    assert sim.tuner.proposer.timed(sim, KV("q8_0"))
     # a forecast that q8_0 gains 40% (past any margin and error) still proposes it only as an exploration
-    cur = Setting(4, "f16", "keep")
+    cur = Setting(4, KV("f16"), "keep")
     base = e.tuner.forecast(e, cur)
     assert base is not None
     real_forecast = Forecaster.forecast
 
     def better_q8(self, engine, setting, seeds=None, scale=None):
         runs = real_forecast(self, engine, setting, seeds, scale)
-        if runs is not None and setting.kv == "q8_0":
+        if runs is not None and setting.kv == KV("q8_0"):
             for run in runs:
                 run[-1].tokens = int(run[-1].tokens * 1.4)
         return runs
 
     monkeypatch.setattr(Forecaster, "forecast", better_q8)
-    monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [Setting(4, "q8_0", "keep")])
+    monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [Setting(4, KV("q8_0"), "keep")])
     assert e.tuner.propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
     e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
     trial = e.tuner.propose(e, cur, base, kv_only=True)
-    assert trial is not None and trial.to.kv == "q8_0" and trial.exploratory, trial
+    assert trial is not None and trial.to.kv == KV("q8_0") and trial.exploratory, trial
     assert "never timed here" in trial.why
 
 
@@ -418,7 +421,7 @@ def test_every_seed_of_a_forecast_has_the_same_spans_while_the_clock_moves(monke
     """On a real backend the clock moves while a forecast's seeds run one after another: near a run's end
     each would cut its horizon at a different span count, and averaging them span by span failed (an
     IndexError in the bench's changing workload). Every seed starts from one reading of the clock."""
-    e = _engine(Goal(allowed_kv=("f16",), run_s=105.0, epoch_s=10.0, horizon_s=240.0, forecast_seeds=2))
+    e = _engine(Goal(allowed_kv=(KV("f16"),), run_s=105.0, epoch_s=10.0, horizon_s=240.0, forecast_seeds=2))
     for _ in range(30):
         e.step()
     clock = iter([84.99 + 0.2 * i for i in range(1000)])

@@ -17,8 +17,11 @@ from syrupy.extensions.json import JSONSnapshotExtension
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Tuner
+
+KV = KVSetting.parse  # a KV setting as a flag spells it
 
 SECONDS = 200.0
 CONDITIONS = {
@@ -32,10 +35,10 @@ WALL_CLOCK = {"think_cpu_s"}  # measured on this machine's CPU, not on the sim's
 def decisions(name: str, seed: int, true: dict) -> dict:
     stated = profile(name)
     card = misstated(stated, true) if true else stated
-    s = EngineSettings(agents=8, batch_cap=8, kv="f16", residency="keep", seed=seed, gen_tokens=256,
+    s = EngineSettings(agents=8, batch_cap=8, kv=KV("f16"), residency="keep", seed=seed, gen_tokens=256,
                        tool_tokens=1024, ctx_per_agent=stated.context_per_agent,
                        kv_budget_bytes=stated.kv_budget_bytes, tool_latency_s=5.0, check=False)
-    e = Engine(SimBackend(card, stated=stated), s, tuner=Tuner(Goal(allowed_kv=("f16", "q8_0"), run_s=SECONDS)),
+    e = Engine(SimBackend(card, stated=stated), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), run_s=SECONDS)),
                autotune=True)
     e.start()
     tokens, events = 0, []
@@ -47,7 +50,7 @@ def decisions(name: str, seed: int, true: dict) -> dict:
             ev["why"] = re.sub(r"[0-9.]+ CPU s", "(this CPU's) CPU s", ev["why"])
             events.append({"t": r.t, **ev})
     return {"events": events, "decode_tokens": tokens, "seconds": e.now_s(),
-            "final": {"cap": e.s.batch_cap, "kv": e.s.kv, "residency": e.s.residency}}
+            "final": {"cap": e.s.batch_cap, "kv": e.s.kv.label, "residency": e.s.residency}}
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from textual.widgets import Footer, Input, ProgressBar
 
 from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import StepRecord
 from swarmtune.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker
@@ -26,7 +27,7 @@ from swarmtune.tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
 from swarmtune.tui.widgets.power import PowerPanel
 from swarmtune.tui.widgets.status import StatusLine
 
-KV_CYCLE = ("f16", "q8_0", "q4_0")
+KV_CYCLE = tuple(KVSetting.parse(t) for t in ("f16", "q8_0", "q4_0"))
 UI_INTERVAL_S = 0.25  # at most 4 batches of records a second reach the UI
 EAGER_S = 1.0  # after a control, records reach the UI one by one for this long: its effect shows at once
 # How often each panel repaints at most: numbers and the live batch once a second (as nvtop does), the
@@ -287,7 +288,7 @@ class SwarmApp(App):
             self.notify(str(e), severity="error")
             return
         tuner = "" if st.autotune is None else f", tuner {'on' if st.autotune else 'off'}"
-        self.notify(f"KV {st.kv}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}",
+        self.notify(f"KV {st.kv_label}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}",
                     timeout=3)
         # the setting shows at once, not at the next paint: a key's effect is what the user waits for
         self._dirty = self._force_status = True
@@ -308,7 +309,7 @@ class SwarmApp(App):
         self._control(Control(kv=nxt))
 
     def action_pick_kv(self) -> None:
-        def picked(kv: str | None) -> None:
+        def picked(kv: KVSetting | None) -> None:
             if kv is not None and kv != self.source.state().kv:
                 self._control(Control(kv=kv))
 

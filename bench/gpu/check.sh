@@ -180,11 +180,12 @@ MODEL=$WORK/model-$SHAPE.gguf
 "$PY" bench/gpu/synth_model.py write --shape "$SHAPE" --tokenizer "$TOKENIZER" --reuse "$MODEL"
 "$PY" - "$MODEL" "$SHAPE" <<'EOF'
 import importlib.util, sys
+from swarmtune.engine.kv_types import F16
 from swarmtune.engine.model.model_facts import read_model_facts
 spec = importlib.util.spec_from_file_location("synth_model", "bench/gpu/synth_model.py")
 sm = importlib.util.module_from_spec(spec); spec.loader.exec_module(sm)
 f, shape = read_model_facts(sys.argv[1]), sm.SHAPES[sys.argv[2]]
-k = f.kv_bytes_per_token("f16")
+k = f.kv_bytes_per_token(F16)
 print(f"facts: {f.name}; {f.n_layer} layers, {f.n_head_kv_per_layer[0]} KV heads of {f.head_dim_k}; "
       f"W {f.weight_bytes / 1e9:.3f} GB, k(f16) {k:,.0f} B/token, file {f.file_bytes / 1e9:.3f} GB")
 if k != shape.kv_bytes_per_token_f16:

@@ -9,6 +9,7 @@ from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 
@@ -35,7 +36,7 @@ class Backend(Protocol):
     max_chunk_tokens: int  # the most tokens one prefill call may carry
     n_seqs: int  # sequences the open cache holds
 
-    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
+    def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         """(Re)create the cache: n_seqs independent sequences of ctx_per_seq cells each; all cached data is lost."""
 
     def close(self) -> None: ...
@@ -43,7 +44,7 @@ class Backend(Protocol):
     def new_clock(self) -> Clock:
         """A clock for a run on this backend (engine/backends/clock.py): the wall's, or a simulated card's."""
 
-    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> AbstractContextManager[None]:
+    def side_cache(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> AbstractContextManager[None]:
         """While held, every call works on a second, temporary cache of KV type kv; the live cache (and
         its samplers) is back as it was after. A KV type is timed there without touching the swarm."""
 
@@ -113,10 +114,10 @@ class Backend(Protocol):
         """Put a chunk cut() saved at position `at`, right after seq's last cell; returns seconds. NoKVSlot
         (seq is then empty) where the cache has no room."""
 
-    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
         """None where a saved state can be converted from one KV type to the other; else why not."""
 
-    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+    def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         """A saved state (save_seq) with its K and V rows in type kv: (handle, seconds). Raises
         Unconvertible (engine/backends/kv_convert.py) where its layout is not one it can convert."""
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import KVSetting
 
 STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic, first in every sequence state
 
@@ -189,10 +189,10 @@ def parse(state: bytes | memoryview, n_layer: int) -> _Layout:
     return _Layout(tuple(rows), size)
 
 
-def rotation(kv: str, head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
+def rotation(kv: KVSetting, head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
     """(K, V): the size of the Hadamard matrix llama.cpp rotates a cache of setting kv by, 0 for none: K's
     where K's type is quantized, V's where V's is (llama-kv-cache.cpp decides each apart)."""
-    t = kv_pair(kv)
+    t = kv
     if os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"):
         return 0, 0
     k = 0
@@ -214,13 +214,13 @@ def hadamard(n: int) -> np.ndarray:
     return out
 
 
-def convert(state: bytes | memoryview, n_layer: int, to_kv: str, threads: int = 2,
+def convert(state: bytes | memoryview, n_layer: int, to_kv: KVSetting, threads: int = 2,
             rot_from: tuple[int, int] = (0, 0), rot_to: tuple[int, int] = (0, 0)) -> bytearray:
     """The same state with every K row in to_kv's K type and every V row in its V type ("q8_0/f16": K at
     q8_0, V at f16). rot_from, rot_to: the (K, V) Hadamard sizes of the old and the new cache (rotation())."""
     layout = parse(state, n_layer)
     g = ggml()
-    pair = kv_pair(to_kv)
+    pair = to_kv
     new_types = (pair.k.ggml_type, pair.v.ggml_type)
     src = memoryview(state).cast("B")  # a ctypes array views as "<B"
     plan = []

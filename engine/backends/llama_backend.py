@@ -27,7 +27,7 @@ from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.errors import Interrupted, UserError
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import F16, KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 _log_lines: list[str] = []
@@ -122,7 +122,7 @@ class LlamaBackend:
         self._pieces: dict[int, str] = {}
         self._bytes: dict[int, bytes] = {}
         self._template, self.chat_template = self._pick_template(model, facts.architecture)
-        self.kv = ""
+        self.kv = F16  # the live cache's setting, once open() made one
         self.n_seqs = 0
         self.ctx_per_seq = 0
         self.kv_buffer_bytes: int | None = None
@@ -168,10 +168,10 @@ class LlamaBackend:
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
     # the cache
-    def _new_context(self, kv: str, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
+    def _new_context(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
         """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
         or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
-        t = kv_pair(kv)
+        t = kv
         cp = ll.llama_context_default_params()
         cp.n_seq_max = n_seqs
         cp.n_ctx = n_seqs * ctx_per_seq
@@ -201,8 +201,7 @@ class LlamaBackend:
             self._batch_cap = cp.n_batch
         return ctx
 
-    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
-        kv_pair(kv)  # a bad setting is refused before the live cache is closed
+    def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         self._close_ctx()
         log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
@@ -218,7 +217,7 @@ class LlamaBackend:
         self.kv_buffer_bytes = sum(self.cache_bytes.values()) if self.cache_bytes else None
 
     @contextmanager
-    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
+    def side_cache(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
         """While held, every call works on a second, temporary context of this model (its own cache at KV
         type kv, its own samplers); the live cache, its samplers and its last prefill row are back as they
         were after. A KV type is timed here without re-prefilling the swarm."""
@@ -238,7 +237,7 @@ class LlamaBackend:
              self._grammars) = live
 
     @contextmanager
-    def scorer(self, kv: str, n_ctx: int) -> Iterator["Scorer"]:
+    def scorer(self, kv: KVSetting, n_ctx: int) -> Iterator["Scorer"]:
         """A second context of this model at a KV setting (K/V types apart: "q8_0/f16"), one sequence of
         n_ctx cells, that teacher-forces windows of tokens and gives their logits (engine/quality/kv_quality.py). The
         live cache is not touched."""
@@ -248,10 +247,9 @@ class LlamaBackend:
         finally:
             sc.close()
 
-    def new_scorer(self, kv: str, n_ctx: int) -> "Scorer":
+    def new_scorer(self, kv: KVSetting, n_ctx: int) -> "Scorer":
         """A scorer the caller holds (and closes): it keeps what it teacher-forced, so a window that extends
         the last one computes only the new tokens."""
-        kv_pair(kv)  # a bad setting is one line before anything is made
         return Scorer(self._new_context(kv, 1, n_ctx, outputs=True), self.n_vocab, self.max_chunk_tokens)
 
     def _close_ctx(self) -> None:
@@ -513,7 +511,7 @@ class LlamaBackend:
         bm = self.facts.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not (self.flash_attn or kv_pair(self.kv).quantized):
+        if not (self.flash_attn or self.kv.quantized):
             return "V is stored transposed without flash attention"
         return None
 
@@ -607,15 +605,15 @@ class LlamaBackend:
             raise NoKVSlot()
         return time.perf_counter() - t0
 
-    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
         bm = self.facts.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not all(self.flash_attn or kv_pair(k).quantized for k in (kv_from, kv_to)):
+        if not all(self.flash_attn or k.quantized for k in (kv_from, kv_to)):
             return "V is stored transposed without flash attention"
         return None
 
-    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+    def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         from swarmtune.engine.backends.kv_convert import Unconvertible, convert, rotation
 
         assert isinstance(handle, _SavedSeq)
@@ -748,7 +746,7 @@ class KeptLogits:
 
     pos: int  # the position of the token fed; the row predicts the token at pos + 1
     token: int  # the token fed there
-    kv: str  # the live cache's setting when it was computed
+    kv: KVSetting  # the live cache's setting when it was computed
     logits: np.ndarray  # float32, one per vocabulary entry
 
 
@@ -759,14 +757,14 @@ class _Kept:
     cells: Cells
     pos: int
     tokens: int
-    kv: str
+    kv: KVSetting
 
 
 @dataclass(frozen=True)
 class _SavedSeq:
     data: "ctypes.Array[ctypes.c_uint8]"  # host memory
     nbytes: int
-    kv: str
+    kv: KVSetting
     rot: tuple[bool, ...] | None = None  # converted: the (K, V) rotation its rows are in
 
 

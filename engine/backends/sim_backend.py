@@ -14,7 +14,7 @@ from swarmtune.engine.backends.clock import Clock, SimClock, WallClock
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.model.kv_types import KV_TYPES, kv_pair
+from swarmtune.engine.kv_types import F16, KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 from swarmtune.engine.model.profiles import Profile
 
@@ -42,7 +42,7 @@ def sim_facts(p: Profile) -> ModelFacts:
         weight_bytes=int(p.weight_bytes),
         embd_row_bytes=int(bm.embd_row_bytes),
         tied_output=not bm.embd_row_bytes,
-        kv_values_per_token=p.kv_bytes_per_token_f16 / KV_TYPES["f16"].bytes_for(1),
+        kv_values_per_token=p.kv_bytes_per_token_f16 / F16.bytes_for(1),
         bytes_model=bm,
     )
 
@@ -62,7 +62,7 @@ class StepScale:
 class _SavedSeq:
     tokens: int
     nbytes: int
-    kv: str
+    kv: KVSetting
 
 
 class SimBackend:
@@ -85,19 +85,18 @@ class SimBackend:
         self.stated = stated or p
         # per KV type, step-time factors: a forecast's model of one type corrected by what the swarm measured
         # of it (engine/tune/); none by default
-        self.scale: dict[str, StepScale] = {}
+        self.scale: dict[KVSetting, StepScale] = {}
         self.facts = sim_facts(p)
         self.info = BackendInfo(name="sim", device=p.description, versions={},
                                 settings={"profile": p.name, "chat_template": "ChatML (simulated tokenizer)"})
         self._len: dict[int, int] = {}
         self._rng: dict[int, random.Random] = {}
-        self.kv = "f16"
+        self.kv = F16
         self.n_seqs = 0
         self.ctx_per_seq = 0
         self.kv_buffer_bytes: int | None = None
 
-    def open(self, kv: str, n_seqs: int, ctx_per_seq: int) -> None:
-        kv_pair(kv)
+    def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
         self._len = {}
         # what llama.cpp would allocate: full-attention cells, each stream's window, recurrent state
@@ -117,15 +116,14 @@ class SimBackend:
         """Sequence `seq` holds `tokens` cells, as the swarm's own cache does."""
         self._len[seq] = tokens
 
-    def saved_stand_in(self, kv: str, tokens: int) -> _SavedSeq:
+    def saved_stand_in(self, kv: KVSetting, tokens: int) -> _SavedSeq:
         """A history of `tokens` swapped out to host memory at type `kv`, as `save_seq` would leave it."""
         bm = self.profile.bytes_model
         return _SavedSeq(tokens, int(bm.kv_cache_bytes(kv, tokens) + bm.state_bytes), kv)
 
     @contextmanager
-    def side_cache(self, kv: str, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
+    def side_cache(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
         """A second, temporary cache, as on the real backend: the live one is back as it was after."""
-        kv_pair(kv)
         live = (self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq)
         self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq = {}, {}, kv, n_seqs, ctx_per_seq
         try:
@@ -194,7 +192,7 @@ class SimBackend:
         self._grow(seq, len(tokens))
         return self.prefill_seconds(len(tokens), pos0, self.kv)
 
-    def prefill_seconds(self, tokens: int, pos0: int, kv: str | None = None) -> float:
+    def prefill_seconds(self, tokens: int, pos0: int, kv: KVSetting | None = None) -> float:
         """What prefilling `tokens` at pos0.. costs, without touching a cache."""
         sc = self.scale.get(kv or self.kv)
         return tokens / self.profile.prefill_tokens_per_s * (sc.prefill if sc else 1.0)
@@ -205,7 +203,7 @@ class SimBackend:
     def _sample(self, seq: int) -> int:
         return self._id(" " + self._rng[seq].choice(_WORDS))
 
-    def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
+    def step_seconds(self, batch: int, total_context: float, kv: KVSetting | None = None,
                      contexts: list[float] | None = None) -> float:
         """The roofline: the bytes the step reads (engine/model/bytes_model.py) over the bandwidth, plus compute.
         contexts: each sequence's context (windowed layers read at most their window); else all equal."""
@@ -289,13 +287,13 @@ class SimBackend:
         moved = 2 * self.profile.bytes_model.kv_cache_bytes(self.kv, at) + kept.nbytes
         return moved / self.profile.host_link_bytes_per_s
 
-    def can_convert(self, kv_from: str, kv_to: str) -> str | None:
+    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
         bm = self.profile.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
         return None
 
-    def convert_saved(self, handle: object, kv: str) -> tuple[object, float]:
+    def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         """Modeled: the rows go to host memory and back over the profile's link (save_seq and restore_seq
         count that), and the host converts them at CONVERT_BYTES_PER_S."""
         assert isinstance(handle, _SavedSeq)
@@ -310,11 +308,10 @@ class SimBackend:
         return (0, n - 1) if n else (-1, -1)
 
 
-def _kv_cost(p: Profile, kv: str) -> float:
+def _kv_cost(p: Profile, kv: KVSetting) -> float:
     """The card's factor on a KV setting's read (Profile.kv_cost_factor): the setting's own where named, else
     K's and V's types' own, half each (a type not named costs 1)."""
     named: dict[str, float] = dict(p.kv_cost_factor)
-    if kv in named:
-        return named[kv]
-    t = kv_pair(kv)
-    return 0.5 * named.get(t.k.name, 1.0) + 0.5 * named.get(t.v.name, 1.0)
+    if kv.label in named:
+        return named[kv.label]
+    return 0.5 * named.get(kv.k.name, 1.0) + 0.5 * named.get(kv.v.name, 1.0)

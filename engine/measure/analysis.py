@@ -5,6 +5,7 @@ unit annotates it, one fit and one reference per KV cache type (the step time de
 import copy
 from collections.abc import Callable
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import StepPower
 from swarmtune.engine.measure.speedup import BatchOneReference
@@ -30,8 +31,8 @@ class StepAnalysis:
                     if source == "measured" else
                     "simulated: batch-1 steps of the profile's roofline interleaved in the run")
         self.ledger = EnergyLedger()
-        self._calibrations: dict[str, Calibration] = {}
-        self._references: dict[str, BatchOneReference] = {}
+        self._calibrations: dict[KVSetting, Calibration] = {}
+        self._references: dict[KVSetting, BatchOneReference] = {}
         self._decodes = 0
         self._fresh_context = True
         # a tuner's forecast (engine/tune/) needs only when its batch-1 reference steps fall, not what each
@@ -42,22 +43,22 @@ class StepAnalysis:
         """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
         self._fresh_context = True
 
-    def fit(self, kv: str) -> Fit | None:
+    def fit(self, kv: KVSetting) -> Fit | None:
         """The step-time fit measured at this KV type, if any steps ran at it."""
         c = self._calibrations.get(kv)
         return c.fit if c is not None else None
 
-    def measured_kv(self) -> list[str]:
+    def measured_kv(self) -> list[KVSetting]:
         """The KV settings some steps were timed at (types, or K/V pairs as "q8_0/f16")."""
         return list(self._calibrations)
 
-    def calibration(self, kv: str) -> Calibration:
+    def calibration(self, kv: KVSetting) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())
 
-    def reference(self, kv: str) -> BatchOneReference:
+    def reference(self, kv: KVSetting) -> BatchOneReference:
         return self._references.setdefault(kv, BatchOneReference(self.how))
 
-    def _reference_step(self, kv: str, mean_ctx: float, seconds: float) -> None:
+    def _reference_step(self, kv: KVSetting, mean_ctx: float, seconds: float) -> None:
         """A batch-1 step: a reference sample, unless it was a fresh context's first (which builds the graph)."""
         if not self._fresh_context:
             self.reference(kv).add(mean_ctx, seconds)
@@ -68,7 +69,7 @@ class StepAnalysis:
         it forecasts would (they cost the run throughput: one agent alone for a step)."""
         self._references = {k: copy.deepcopy(v) for k, v in other._references.items()}
 
-    def reference_due(self, kv: str, contexts: list[int], steps_since: int) -> bool:
+    def reference_due(self, kv: KVSetting, contexts: list[int], steps_since: int) -> bool:
         """Whether the next decode step should run one agent alone to time the batch-1 reference."""
         if len(contexts) < 2:
             return False
@@ -80,7 +81,7 @@ class StepAnalysis:
     def annotate(self, rec: StepRecord, contexts: list[int], read: StepRead | None,
                  power: StepPower | None) -> None:
         """Adds to a decode step's record what its numbers imply (all modeled but measured_speedup)."""
-        b, kv, seconds = rec.batch, rec.kv_type, rec.seconds
+        b, kv, seconds = rec.batch, rec.kv, rec.seconds
         if rec.kind != "decode" or not b:
             return
         mean_ctx = rec.mean_context

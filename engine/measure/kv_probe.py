@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.probe import filler_tokens, time_decode
 from swarmtune.engine.measure.step_model import Fit
 
@@ -36,20 +37,20 @@ RATIO_BOUNDS = (0.25, 4.0)
 
 @dataclass(frozen=True)
 class KvProbe:
-    kv: str  # the type timed
-    base_kv: str  # the run's own type, timed alongside it
+    kv: KVSetting  # the type timed
+    base_kv: KVSetting  # the run's own type, timed alongside it
     batch: int
     contexts: tuple[int, int]  # tokens per sequence: short, long
-    decode: dict[str, list[tuple[int, float, float]]]  # per type: (batch, mean context, seconds a step)
-    prefill: dict[str, list[tuple[int, int, float]]]  # per type: (tokens, first position, seconds) per chunk
+    decode: dict[KVSetting, list[tuple[int, float, float]]]  # per type: (batch, mean context, seconds a step)
+    prefill: dict[KVSetting, list[tuple[int, int, float]]]  # per type: (tokens, first position, seconds) per chunk
     wall_s: float  # what the probe took, side caches and their prefills included
 
-    def _at(self, kv: str, batch: int) -> tuple[float, float]:
+    def _at(self, kv: KVSetting, batch: int) -> tuple[float, float]:
         """Seconds a step at the short and at the long context, at this batch."""
         lo, hi = (sec for b, _, sec in self.decode[kv] if b == batch)
         return lo, hi
 
-    def _line(self, kv: str) -> tuple[float, float, float]:
+    def _line(self, kv: KVSetting) -> tuple[float, float, float]:
         """(intercept, slope per context token, seconds at the long point) of kv's steps at the probe's batch."""
         (t_lo, t_hi), (lo, hi) = self._at(kv, self.batch), self.contexts
         slope = (t_hi - t_lo) / (hi - lo)
@@ -81,7 +82,8 @@ class KvProbe:
 
     def record(self) -> dict[str, Any]:
         fixed, per_token = self.ratios
-        return {"kv": self.kv, "base_kv": self.base_kv, "batch": self.batch, "contexts": list(self.contexts),
+        return {"kv": self.kv.label, "base_kv": self.base_kv.label, "batch": self.batch,
+                "contexts": list(self.contexts),
                 "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},
                 "prefill": {k: [[n, p, round(s, 6)] for n, p, s in v] for k, v in self.prefill.items()},
                 "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4), "ratio_split": self.split,
@@ -113,7 +115,7 @@ def _time_one(backend: Backend, batch: int, long: int) -> tuple[list[tuple[int, 
     return sorted(decode, key=lambda d: (d[0], d[1])), prefill
 
 
-def probe_kv(backend: Backend, base_kv: str, kv: str, batch: int, long: int) -> KvProbe:
+def probe_kv(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, long: int) -> KvProbe:
     """Times base_kv and kv alike in side caches of `batch` sequences; the live cache is left as it was.
     Raises UserError where this build cannot make a context of that type."""
     t0 = time.perf_counter()

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.measure.probe import fill, time_decode
 from swarmtune.engine.measure.speedup import predicted_speedup
 from swarmtune.engine.measure.step_model import Calibration
 from swarmtune.engine.model.bytes_model import ByteModel
-from swarmtune.engine.model.kv_types import kv_pair
 
 CPU_DEFAULT_BATCHES = (1, 2, 4, 8)
 CPU_DEFAULT_CONTEXTS = (64, 512, 2048)
@@ -53,6 +53,11 @@ class SweepResult:
     fit_median_relative_error: float | None = None  # median |predicted / measured - 1| of step time over the grid
     bytes_model: dict[str, Any] = field(default_factory=dict)  # ByteModel.to_dict(): what the predicted column assumes
 
+    @property
+    def kv(self) -> KVSetting:
+        """kv_type, the spelling the result's JSON holds, as the setting."""
+        return KVSetting.parse(self.kv_type)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
@@ -60,10 +65,10 @@ class SweepResult:
         if self.bytes_model:
             return ByteModel.from_dict(self.bytes_model)
         # an older result: W and k at its own cache type
-        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / kv_pair(self.kv_type).bytes_for(1))
+        return ByteModel.dense(self.weight_bytes, self.kv_bytes_per_token / self.kv.bytes_for(1))
 
 
-def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | None = None,
+def pace(batch: int, context: int, bm: ByteModel, kv: KVSetting, measured: float | None = None,
          predicted: float | None = None) -> str:
     if measured is not None and predicted is not None and measured < 0.6 * predicted:
         return "compute per token: the bandwidth formula misses it"
@@ -84,7 +89,7 @@ def pace(batch: int, context: int, bm: ByteModel, kv: str, measured: float | Non
     return "almost pure per-agent KV, batch barely helps"
 
 
-def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int], steps: int = 8,
+def run_sweep(backend: Backend, kv: KVSetting, batches: list[int], contexts: list[int], steps: int = 8,
               check_copy: bool = False, meter: Meter | None = None,
               progress: Callable[[int, int], None] | None = None) -> SweepResult:
     batches = sorted(set(batches) | {1})
@@ -142,7 +147,7 @@ def run_sweep(backend: Backend, kv: str, batches: list[int], contexts: list[int]
                       "ratio": copied.seconds_per_step / separate.seconds_per_step}
     return SweepResult(
         source=backend.source, model=facts.name, backend=backend.info.name, device=backend.info.device,
-        kv_type=kv, weight_bytes=facts.weight_bytes, kv_bytes_per_token=k, rows=rows,
+        kv_type=kv.label, weight_bytes=facts.weight_bytes, kv_bytes_per_token=k, rows=rows,
         fit_rms_relative_error=fit.rms_relative_error if fit else None, copy_check=copy_check,
         fit_median_relative_error=cal.in_sample_median_error(),
         bytes_model=bm.to_dict(),
@@ -170,7 +175,7 @@ def table_rows(result: SweepResult) -> list[list[str]]:
         if not bm.is_dense:
             row.append(f"{r.dense_formula_speedup:.2f}x" if r.dense_formula_speedup is not None else "n/a")
         row += [f"{r.calibrated_speedup:.2f}x" if r.calibrated_speedup is not None else "n/a",
-                pace(bmax, r.context, bm, result.kv_type, r.speedup, r.predicted_speedup)]
+                pace(bmax, r.context, bm, result.kv, r.speedup, r.predicted_speedup)]
         out.append(row)
     return out
 
@@ -178,7 +183,7 @@ def table_rows(result: SweepResult) -> list[list[str]]:
 def crossover_note(result: SweepResult) -> str:
     """L* at the largest batch, from the byte model (modeled)."""
     bmax = max(r.batch for r in result.rows)
-    cross = result.byte_model().crossover_context(bmax, result.kv_type)
+    cross = result.byte_model().crossover_context(bmax, result.kv)
     if math.isinf(cross):
         return f"L* at B={bmax}: none (the private read never reaches the shared one: windows cap the KV read)"
     return f"L* at B={bmax}: {cross:,.0f} tokens, where a token's private read equals its share of the weights"
@@ -219,7 +224,7 @@ def write_png(result: SweepResult, path: Path) -> None:
             ax.plot(xs, cal, ":", color=line.get_color(),
                     label=f"B={b} calibrated (modeled)")
     bmax = max(r.batch for r in result.rows)
-    cross = bm.crossover_context(bmax, result.kv_type)
+    cross = bm.crossover_context(bmax, result.kv)
     if math.isfinite(cross) and cross > 0:
         ax.axvline(cross, color="grey", lw=0.8)
     ax.set_xscale("log")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from swarmtune.engine.model.kv_types import KV_TYPES, kv_pair
+from swarmtune.engine.kv_types import KV_TYPES, UNKNOWN_KV, KVSetting, read_kv
 
 ROUTING_MODELED = "modeled: uniform routing, E(1 - (1 - k/E)^B) distinct experts per layer"
 SWA_CELL_PAD = 256  # llama.cpp pads each SWA stream to a multiple of 256 cells (llama-kv-cache-iswa.cpp)
@@ -69,7 +69,7 @@ class ByteModel:
     # per KV type: (bytes per token of the full-attention layers, (bytes, window) of each windowed layer).
     # K(L) is asked for on every step and at every point of a curve; summing layer by layer each time
     # cost the dashboard tens of ms a frame.
-    _kv_terms_cache: dict[str, tuple[float, tuple[tuple[float, int], ...]]] = field(
+    _kv_terms_cache: dict[KVSetting, tuple[float, tuple[tuple[float, int], ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -137,11 +137,10 @@ class ByteModel:
         return self.dense_weight_bytes + self.n_expert * sum(self.expert_bytes_per_layer)
 
     # KV
-    def _layer_bytes(self, kv: str) -> list[float]:
-        t = kv_pair(kv)  # K and V each at its own type
-        return [t.bytes_for(v, self.k_share) for v in self.kv_values_per_layer]
+    def _layer_bytes(self, kv: KVSetting) -> list[float]:
+        return [kv.bytes_for(v, self.k_share) for v in self.kv_values_per_layer]
 
-    def kv_bytes_per_token(self, kv: str, windowed: bool | None = None) -> float:
+    def kv_bytes_per_token(self, kv: KVSetting, windowed: bool | None = None) -> float:
         """K and V of one token: all layers (None), only full-attention layers (False), only windowed ones (True)."""
         out = 0.0
         for b, w in zip(self._layer_bytes(kv), self.window_per_layer, strict=True):
@@ -149,7 +148,7 @@ class ByteModel:
                 out += b
         return out
 
-    def _kv_terms(self, kv: str) -> tuple[float, tuple[tuple[float, int], ...]]:
+    def _kv_terms(self, kv: KVSetting) -> tuple[float, tuple[tuple[float, int], ...]]:
         terms = self._kv_terms_cache.get(kv)
         if terms is None:
             layers = list(zip(self._layer_bytes(kv), self.window_per_layer, strict=True))
@@ -157,20 +156,20 @@ class ByteModel:
             self._kv_terms_cache[kv] = terms
         return terms
 
-    def kv_read_bytes(self, kv: str, context: float) -> float:
+    def kv_read_bytes(self, kv: KVSetting, context: float) -> float:
         """K(L): the KV bytes one agent's attention reads at context L (its own new token included)."""
         c = max(context, 0.0)
         full, windowed = self._kv_terms(kv)
         return full * c + sum(b * min(c, w) for b, w in windowed)
 
-    def kv_equivalent_tokens(self, kv: str, context: float) -> float:
+    def kv_equivalent_tokens(self, kv: KVSetting, context: float) -> float:
         """The context a full-attention cache of this model would read for the bytes K(L) reads: L itself
         for a dense model, less past a window. The step-time fit's KV term is in these tokens."""
         full, windowed = self._kv_terms(kv)
         k = full + sum(b for b, _ in windowed)
         return self.kv_read_bytes(kv, context) / k if k > 0 else max(context, 0.0)
 
-    def kv_cache_bytes(self, kv: str, context: float, swa_slack_tokens: int = 0) -> float:
+    def kv_cache_bytes(self, kv: KVSetting, context: float, swa_slack_tokens: int = 0) -> float:
         """What one agent's cache holds at context L with llama.cpp's swa_full off.
 
         A windowed layer keeps its window plus up to one ubatch (`swa_slack_tokens`): llama.cpp prunes
@@ -180,7 +179,7 @@ class ByteModel:
         return sum(b * (min(c, w + swa_slack_tokens) if w > 0 else c)
                    for b, w in zip(self._layer_bytes(kv), self.window_per_layer, strict=True))
 
-    def llama_cpp_cache_bytes(self, kv: str, n_seqs: int, ctx_per_seq: int, n_ubatch: int) -> dict[str, int]:
+    def llama_cpp_cache_bytes(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, n_ubatch: int) -> dict[str, int]:
         """The buffers llama.cpp allocates for n_seqs sequences (kv_unified off, swa_full off, flash attention on).
 
         "kv": full-attention layers, "kv_swa": windowed layers, "recurrent": the r/s state rows.
@@ -188,7 +187,7 @@ class ByteModel:
         """
         n_ctx = _pad(n_seqs * ctx_per_seq, 256)
         cells_full = _pad(n_ctx // max(n_seqs, 1), 256)
-        t = kv_pair(kv)
+        t = kv  # K and V each at its own type
         out = {"kv": 0, "kv_swa": 0, "recurrent": 0}
         for v, w in zip(self.kv_values_per_layer, self.window_per_layer, strict=True):
             if v <= 0:
@@ -201,7 +200,7 @@ class ByteModel:
         out["recurrent"] = int(self.state_bytes * max(n_seqs, 1))
         return out
 
-    def budget_tokens(self, budget_bytes: float, kv: str, n_agents: int, ctx_per_agent: int,
+    def budget_tokens(self, budget_bytes: float, kv: KVSetting, n_agents: int, ctx_per_agent: int,
                       swa_slack_tokens: int = 0) -> int:
         """Context tokens (summed over agents) a KV budget holds, after every agent's fixed part.
 
@@ -219,7 +218,7 @@ class ByteModel:
         return int(left // per_token)
 
     # the curve
-    def step_bytes(self, kv: str, contexts: Sequence[float],
+    def step_bytes(self, kv: KVSetting, contexts: Sequence[float],
                    distinct_experts: float | Sequence[float] | None = None) -> float:
         """Bytes one decode step reads: W(B) + sum over the batch of (s + K(L_i))."""
         full, windowed = self._kv_terms(kv)
@@ -229,7 +228,7 @@ class ByteModel:
             private = sum(self.state_bytes + full * max(c, 0.0) for c in contexts)
         return self.weight_bytes(len(contexts), distinct_experts) + private
 
-    def step_read(self, kv: str, contexts: Sequence[float], tokens: int,
+    def step_read(self, kv: KVSetting, contexts: Sequence[float], tokens: int,
                   distinct_experts: float | Sequence[float] | None = None) -> "StepRead":
         """What one step reads, each term computed once: the record's bytes and its predicted speedup
         both come from it. tokens: what the step carries (an untied embedding reads one row per token)."""
@@ -238,23 +237,23 @@ class ByteModel:
                         weight_batch=self.weight_bytes(len(contexts), distinct_experts),
                         weight_step=self.weight_bytes(tokens, distinct_experts) if contexts else 0.0)
 
-    def speedup(self, batch: int, context: float, kv: str,
+    def speedup(self, batch: int, context: float, kv: KVSetting,
                 distinct_experts: float | Sequence[float] | None = None) -> float:
         """S(B, L) = B (W(1) + s + K(L)) / (W(B) + B (s + K(L))): every agent at context L."""
         return self.speedup_mixed([context] * batch, kv, distinct_experts)
 
-    def speedup_mixed(self, contexts: Sequence[float], kv: str,
+    def speedup_mixed(self, contexts: Sequence[float], kv: KVSetting,
                       distinct_experts: float | Sequence[float] | None = None) -> float:
         """Agents at their own contexts: batch throughput over the mean batch-1 throughput at those contexts."""
         return self.step_read(kv, contexts, len(contexts), distinct_experts).speedup
 
-    def private_bytes_per_token(self, kv: str, context: float) -> float:
+    def private_bytes_per_token(self, kv: KVSetting, context: float) -> float:
         return self.state_bytes + self.kv_read_bytes(kv, context)
 
     def shared_bytes_per_token(self, batch: int, distinct_experts: float | Sequence[float] | None = None) -> float:
         return self.weight_bytes(batch, distinct_experts) / max(batch, 1)
 
-    def crossover_context(self, batch: int, kv: str,
+    def crossover_context(self, batch: int, kv: KVSetting,
                           distinct_experts: float | Sequence[float] | None = None) -> float:
         """L*: where a token's private read (s + K(L)) equals its share of the weight read (W(B)/B).
 
@@ -280,7 +279,8 @@ class ByteModel:
 
     # serialisation
     def to_dict(self) -> dict[str, Any]:
-        # the model's own fields, not its cache: asdict copied the per-type cache into every header too
+        # the model's own fields, not its cache: asdict copied the per-type cache into every header too (and
+        # cannot now: its keys are KV settings, which it would turn into dicts, and a dict is no key)
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         for key in ("expert_bytes_per_layer", "kv_values_per_layer", "window_per_layer", "notes"):
             d[key] = list(d[key])
@@ -303,15 +303,6 @@ class ByteModel:
         )
 
 
-UNKNOWN_KV = "remote"  # an attached engine's cache type, which it does not report
-ASSUMED_KV = "f16"  # what such an engine is counted at: the default of llama-server and vLLM
-
-
-def as_kv_type(name: str) -> str:
-    """A cache type the byte model knows: an attached engine's unknown one is counted at f16."""
-    return ASSUMED_KV if name == UNKNOWN_KV else name
-
-
 def bytes_model_from_header(h: dict[str, Any]) -> ByteModel | None:
     """The byte model a recording's header carries; for an older header, the dense one its W and k make."""
     d = h.get("bytes_model")
@@ -324,7 +315,7 @@ def bytes_model_from_header(h: dict[str, Any]) -> ByteModel | None:
     per_type = h.get("kv_bytes_per_token") or {}
     for name, k in per_type.items():
         if (name in KV_TYPES or name == UNKNOWN_KV) and k:
-            values = k / kv_pair(as_kv_type(name)).bytes_for(1)
+            values = k / read_kv(name).bytes_for(1)
             return ByteModel.dense(w, values, float(h.get("embd_row_bytes") or 0.0),
                                    source="dense W and k from the header (an older recording)") if w else None
     return None

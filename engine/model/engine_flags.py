@@ -6,8 +6,8 @@ change something else."""
 from dataclasses import dataclass
 from typing import Any
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.bytes_model import ByteModel
-from swarmtune.engine.model.kv_types import kv_pair
 
 # llama.cpp cache type -> vLLM's --kv-cache-dtype: vLLM quantizes KV to 8-bit float only
 VLLM_KV = {"f16": "auto", "bf16": "auto", "f32": "auto", "q8_0": "fp8"}
@@ -25,7 +25,7 @@ class EngineFlags:
         return {"engine": self.engine, "flags": self.flags, "command": " ".join(self.flags), "notes": self.notes}
 
 
-def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm: ByteModel,
+def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: int, bm: ByteModel,
                  weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None) -> list[EngineFlags]:
     out = []
     notes = []
@@ -35,7 +35,7 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
         cells = min(cells, bm.budget_tokens(kv_budget_bytes, kv, batch_cap, ctx_per_agent))
         if cells < batch_cap * ctx_per_agent:
             notes.append(f"-c {cells}: what the KV budget holds at {kv}; each slot gets {cells // batch_cap} tokens")
-    t = kv_pair(kv)  # K and V apart: -ctk, -ctv
+    t = kv  # K and V apart: -ctk, -ctv
     ll = ["-np", str(batch_cap), "-ctk", t.k.name, "-ctv", t.v.name, "-c", str(cells)]
     if t.v.quantized:
         notes.append("a quantized V cache needs flash attention: add -fa on where your build does not default to it")
@@ -50,8 +50,8 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
 
     v = ["vllm", "serve", "MODEL", "--max-num-seqs", str(batch_cap), "--max-model-len", str(ctx_per_agent)]
     vnotes = []
-    if t.k == t.v and kv in VLLM_KV:
-        v += ["--kv-cache-dtype", VLLM_KV[kv]]
+    if t.k == t.v and kv.label in VLLM_KV:
+        v += ["--kv-cache-dtype", VLLM_KV[kv.label]]
     elif t.k != t.v:
         vnotes.append(f"KV {kv}: vLLM sets one type for K and V (--kv-cache-dtype); no flag for them apart")
     else:
@@ -68,8 +68,8 @@ def engine_flags(batch_cap: int, kv: str, residency: str, ctx_per_agent: int, bm
 
     z = ["zinc", "--parallel", str(batch_cap)]
     znotes = ["ZINC's flag names as its README gives them; its --kv-quant values not checked against a build here"]
-    if t.k == t.v and kv in ZINC_KV:
-        z += ["--kv-quant", ZINC_KV[kv]]
+    if t.k == t.v and kv.label in ZINC_KV:
+        z += ["--kv-quant", ZINC_KV[kv.label]]
     else:
         znotes.append(f"KV {kv}: no ZINC --kv-quant equivalent")
     out.append(EngineFlags("ZINC", z, znotes))

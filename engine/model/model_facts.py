@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KV_TYPES, KVSetting
 from swarmtune.engine.model.bytes_model import ByteModel
 from swarmtune.engine.model.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
 from swarmtune.engine.model.gguf_header import GGUFHeader, HeaderError
-from swarmtune.engine.model.kv_types import KV_TYPES, kv_pair
 
 GGUF_MAGIC = b"GGUF"
 
@@ -35,13 +35,14 @@ class ModelFacts:
     # what a step reads, layer by layer (windows, experts, recurrent state)
     bytes_model: ByteModel = field(compare=False)
 
-    def kv_bytes_per_token(self, kv: str) -> float:
+    def kv_bytes_per_token(self, kv: KVSetting) -> float:
         """K and V of one token over all layers with a KV cache, block scales included.
         On windowed layers a token stops costing reads once it leaves the window: see bytes_model.kv_read_bytes."""
-        return kv_pair(kv).bytes_for(self.kv_values_per_token, self.bytes_model.k_share)
+        return kv.bytes_for(self.kv_values_per_token, self.bytes_model.k_share)
 
     def kv_bytes_per_token_all(self) -> dict[str, float]:
-        return {name: self.kv_bytes_per_token(name) for name in KV_TYPES}
+        """By each type's name, K and V alike: a recording's header."""
+        return {name: self.kv_bytes_per_token(KVSetting(t, t)) for name, t in KV_TYPES.items()}
 
     def step_weight_bytes(self, batch: int) -> int:
         """W(B) of a step carrying `batch` tokens (MoE: uniform routing, modeled)."""

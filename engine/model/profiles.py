@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import F16
 from swarmtune.engine.model.bytes_model import ByteModel
 
 
@@ -110,7 +111,7 @@ PROFILES: dict[str, Profile] = {
                         "layers): simulated from the model's published config",
             model_name="gpt-oss-20b MXFP4 (simulated)",
             weight_bytes=_GPT_OSS.weight_bytes(1) - _GPT_OSS.embd_row_bytes,
-            kv_bytes_per_token_f16=_GPT_OSS.kv_bytes_per_token("f16"),
+            kv_bytes_per_token_f16=_GPT_OSS.kv_bytes_per_token(F16),
             effective_bandwidth_bytes_per_s=_SEED_BANDWIDTH,
             compute_seconds_per_token=0.0,
             prefill_tokens_per_s=962.0 * 9.0 / 3.6,  # the seed's 9B prefill rate scaled by active parameters

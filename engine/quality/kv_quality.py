@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import F16, KVSetting
 
-REFERENCE = "f16"  # K and V at f16: the cache every setting is compared with
+REFERENCE = F16  # K and V at f16: the cache every setting is compared with
 LOG_P_FLOOR = -16.0  # as llama-perplexity: reference log-probabilities below this add nothing to the KL
 MIN_POSITIONS = 100  # fewer scored positions than this: the figures say so instead of a number
 ROWS_AT_ONCE = 64  # log-softmax over this many positions at a time (a row is n_vocab floats)
@@ -37,7 +37,7 @@ class Scorer(Protocol):
 class ScoringBackend(Protocol):
     """What the measure needs of a backend (engine/backends/llama_backend.py's LlamaBackend)."""
 
-    def scorer(self, kv: str, n_ctx: int) -> AbstractContextManager[Scorer]: ...
+    def scorer(self, kv: KVSetting, n_ctx: int) -> AbstractContextManager[Scorer]: ...
 
     def special_text(self, which: str) -> str: ...
 
@@ -46,7 +46,7 @@ class ScoringBackend(Protocol):
 class BandFigures:
     """One setting at one context band: what its positions measured against the reference."""
 
-    setting: str  # "q8_0" or "q8_0/f16" (K/V)
+    setting: KVSetting
     band: tuple[int, int]  # the scored positions' history, tokens: [low, high)
     positions: int = 0
     mean_kl: float | None = None  # nats per token
@@ -70,7 +70,7 @@ class BandFigures:
             self.top1_same = self.same / self.positions
 
     def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "band": list(self.band), "positions": self.positions,
+        return {"setting": self.setting.label, "band": list(self.band), "positions": self.positions,
                 "mean_kl": self.mean_kl, "p99_kl": self.p99_kl, "top1_same": self.top1_same,
                 "source": self.source if self.positions >= MIN_POSITIONS else
                 f"too few positions ({self.positions} < {MIN_POSITIONS})"}
@@ -115,14 +115,6 @@ def windows(tokens: Sequence[int], n_ctx: int, bos: int | None, limit: int | Non
         yield w
 
 
-def check_settings(settings: Iterable[str]) -> list[str]:
-    """The settings in their own spelling (K/V apart where they differ); an unknown one is one UserError."""
-    out = [kv_pair(s).label for s in settings]
-    if not out:
-        raise UserError("name at least one KV setting to measure, e.g. q8_0,q4_0,q8_0/f16", field="kv_type")
-    return out
-
-
 def check_contexts(contexts: Iterable[int]) -> list[int]:
     out = sorted(set(contexts))
     if not out or out[0] < 16:
@@ -130,13 +122,15 @@ def check_contexts(contexts: Iterable[int]) -> list[int]:
     return out
 
 
-def measure(backend: ScoringBackend, documents: Sequence[Sequence[int]], settings: Sequence[str],
+def measure(backend: ScoringBackend, documents: Sequence[Sequence[int]], settings: Sequence[KVSetting],
             contexts: Sequence[int], bos: int | None, max_windows: int | None = None,
             progress: Callable[[int], None] | None = None) -> list[BandFigures]:
     """Every setting at every context length over the documents' windows, against the f16/f16 reference:
     a BandFigures per (setting, context). The reference's logits for a window are computed once and
     compared with each setting's."""
-    settings, contexts = check_settings(settings), check_contexts(contexts)
+    if not settings:
+        raise UserError("name at least one KV setting to measure, e.g. q8_0,q4_0,q8_0/f16", field="kv_type")
+    contexts = check_contexts(contexts)
     out: list[BandFigures] = []
     for n_ctx in contexts:
         first = n_ctx // 2

@@ -38,7 +38,7 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.quality.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune_events import QualityChecked, TuneEvent
@@ -55,7 +55,7 @@ DEFAULT_KV_QUALITY = 0.01  # nats: the tuner's default budget of mean KL (docs/q
 # what the tuner may choose from under a quality budget where --tune-kv does not narrow it: the types and
 # K/V pairs worth their bytes (q4_0 K is the one users report breaking agents; it is here so the budget,
 # measured, is what keeps it out)
-QUALITY_CANDIDATES = ("f16", "q8_0", "f16/q8_0", "q8_0/f16", "q8_0/q4_0", "q4_0")
+QUALITY_CANDIDATES = tuple(KVSetting.parse(t) for t in ("f16", "q8_0", "f16/q8_0", "q8_0/f16", "q8_0/q4_0", "q4_0"))
 
 
 def band_of(context: float) -> tuple[int, int]:
@@ -68,26 +68,26 @@ def band_of(context: float) -> tuple[int, int]:
 class QualityLedger:
     """Every figure the checks measured, per (setting, band). The reference (f16/f16) is its own: KL 0."""
 
-    figures: dict[tuple[str, tuple[int, int]], BandFigures] = field(default_factory=dict)
+    figures: dict[tuple[KVSetting, tuple[int, int]], BandFigures] = field(default_factory=dict)
 
-    def add(self, setting: str, band: tuple[int, int], kl: np.ndarray, same: np.ndarray) -> BandFigures:
+    def add(self, setting: KVSetting, band: tuple[int, int], kl: np.ndarray, same: np.ndarray) -> BandFigures:
         f = self.figures.setdefault((setting, band), BandFigures(setting, band))
         f.add(kl, same)
         f.close()
         return f
 
-    def figure(self, setting: str, context: float) -> BandFigures | None:
+    def figure(self, setting: KVSetting, context: float) -> BandFigures | None:
         """The figure that stands for a setting at this context (its band's), if one was measured."""
-        return self.figures.get((kv_pair(setting).label, band_of(context)))
+        return self.figures.get((setting, band_of(context)))
 
-    def mean_kl(self, setting: str, context: float) -> float | None:
+    def mean_kl(self, setting: KVSetting, context: float) -> float | None:
         """Mean KL at this context (0 for the reference itself); None where not measured (or too few positions)."""
-        if kv_pair(setting).label == REFERENCE:
+        if setting == REFERENCE:
             return 0.0
         f = self.figure(setting, context)
         return None if f is None else f.mean_kl
 
-    def within(self, setting: str, context: float, budget_kl: float) -> bool | None:
+    def within(self, setting: KVSetting, context: float, budget_kl: float) -> bool | None:
         """Whether a setting's measured KL at this context is within a budget; None: not measured here."""
         kl = self.mean_kl(setting, context)
         return None if kl is None else kl <= budget_kl
@@ -102,17 +102,17 @@ class _Watch:
 
     agent_id: int
     seq: int
-    live: str  # the live setting (label) when the watch began, the one measured: rows of any other are not used
+    live: KVSetting  # the live setting when the watch began, the one measured: rows of any other are not used
     since_s: float
 
 
 class QualityCheck:
     """The live check (engine hook): sees every record, now and then measures one setting on one agent."""
 
-    def __init__(self, budget_share: float = BUDGET_SHARE, wanted: tuple[str, ...] = ()) -> None:
+    def __init__(self, budget_share: float = BUDGET_SHARE, wanted: tuple[KVSetting, ...] = ()) -> None:
         self.ledger = QualityLedger()
         self.budget_share = budget_share
-        self.wanted = tuple(kv_pair(w).label for w in wanted)  # settings to measure while the swarm runs f16
+        self.wanted = wanted  # settings to measure while the swarm runs f16
         self.spent_s = 0.0  # wall seconds of checks (measured)
         self.checks = 0
         self._next = 0  # which wanted setting is next
@@ -153,7 +153,7 @@ class QualityCheck:
             return []
         if self._watch is not None:
             return self._follow_watch(engine)
-        live = kv_pair(engine.s.kv).label
+        live = engine.s.kv
         setting = live if live != REFERENCE else self._candidate_to_check(engine)
         if setting is None:
             return []
@@ -167,7 +167,7 @@ class QualityCheck:
         _llama(engine).keep_logits(agent.seq, CHECK_POSITIONS)
         return []
 
-    def _cost_tokens(self, agent: Agent, setting: str, live: str) -> int:
+    def _cost_tokens(self, agent: Agent, setting: KVSetting, live: KVSetting) -> int:
         """Tokens a check of this agent would compute: what its side contexts do not hold yet (the reference,
         up to the positions still to be decoded, while the swarm runs quantized; both while it runs f16)."""
         n = len(agent.history)
@@ -175,7 +175,7 @@ class QualityCheck:
             return n + CHECK_POSITIONS - self._sides.reusable(REFERENCE, agent.history, agent.id)
         return sum(n - self._sides.reusable(x, agent.history, agent.id) for x in (REFERENCE, setting))
 
-    def _agent_to_check(self, engine: EngineView, setting: str, live: str) -> Agent | None:
+    def _agent_to_check(self, engine: EngineView, setting: KVSetting, live: KVSetting) -> Agent | None:
         """The agent the side contexts hold, while its history still extends what they hold (a check of it
         computes only its new tokens); else the longest history whose check fits the budget now, so that a
         first check comes early, on a short history, and the next ones follow it as it grows."""
@@ -199,12 +199,12 @@ class QualityCheck:
         w = self._watch
         assert w is not None
         agent = next((a for a in engine.agents if a.id == w.agent_id), None)
-        if (agent is None or agent.seq != w.seq or kv_pair(engine.s.kv).label != w.live
+        if (agent is None or agent.seq != w.seq or engine.s.kv != w.live
                 or engine.now_s() - w.since_s > WATCH_S):
             self._stop_watch(engine)  # the agent left the cache, the live setting moved, or it went quiet
             return []
         history = agent.history
-        kept = [k for k in _llama(engine).kept if kv_pair(k.kv).label == w.live]
+        kept = [k for k in _llama(engine).kept if k.kv == w.live]
         if any(k.pos >= len(history) or history[k.pos] != k.token for k in kept):
             self._stop_watch(engine)  # its history was replaced (a new task, a full context): start again
             return []
@@ -213,7 +213,7 @@ class QualityCheck:
         self._stop_watch(engine)
         return [self.check(_llama(engine), w.live, list(history), agent_id=agent.id, kept=kept, n_ctx=agent.limit)]
 
-    def _candidate_to_check(self, engine: EngineView) -> str | None:
+    def _candidate_to_check(self, engine: EngineView) -> KVSetting | None:
         """While the swarm runs f16: the next wanted setting short of a figure at the swarm's longest context."""
         context = max((len(a.history) for a in engine.agents), default=0)
         todo = [w for w in self.wanted if w != REFERENCE and self.ledger.mean_kl(w, context) is None]
@@ -221,7 +221,7 @@ class QualityCheck:
             return None
         return todo[self._next % len(todo)]
 
-    def check(self, backend: "LlamaBackend", setting: str, history: list[int], agent_id: int = -1,
+    def check(self, backend: "LlamaBackend", setting: KVSetting, history: list[int], agent_id: int = -1,
               kept: "list[KeptLogits] | None" = None, n_ctx: int = 0) -> QualityChecked:
         """Measure one setting on one history's last positions against f16/f16.
 
@@ -231,13 +231,12 @@ class QualityCheck:
         side contexts (agent_id >= 0) are held for its next check, of n_ctx cells (its context's limit)."""
         t0 = time.perf_counter()
         n = len(history)
-        setting = kv_pair(setting).label
         computed = 0
         if kept:
             at = sorted(k.pos for k in kept)
             rows = {k.pos: k.logits for k in kept}
             live_rows = np.stack([rows[p] for p in at])
-            live = kv_pair(kept[0].kv).label
+            live = kept[0].kv
             if live != setting or live == REFERENCE:
                 raise ValueError(f"kept rows of a {live} cache cannot measure {setting} (the live setting, "
                                  f"quantized, is measured on its own rows)")
@@ -288,16 +287,16 @@ class _SideContexts:
 
     def __init__(self) -> None:
         self.agent_id: int | None = None
-        self._scorers: dict[str, Any] = {}
+        self._scorers: dict[KVSetting, Any] = {}
 
-    def reusable(self, setting: str, history: list[int], agent_id: int | None = None) -> int:
+    def reusable(self, setting: KVSetting, history: list[int], agent_id: int | None = None) -> int:
         if agent_id is not None and agent_id != self.agent_id:
             return 0
-        sc = self._scorers.get(kv_pair(setting).label)
+        sc = self._scorers.get(setting)
         return 0 if sc is None else sc.reusable(history, len(history))
 
     @contextmanager
-    def scorer(self, backend: "LlamaBackend", setting: str, agent_id: int, n_ctx: int) -> Iterator[Any]:
+    def scorer(self, backend: "LlamaBackend", setting: KVSetting, agent_id: int, n_ctx: int) -> Iterator[Any]:
         if agent_id < 0:  # a one-off: nothing to hold it for
             with backend.scorer(setting, n_ctx) as one:
                 yield one

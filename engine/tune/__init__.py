@@ -12,8 +12,8 @@ engine calls after every record). It sees the engine through `EngineView` (engin
 only, and it changes the engine only through `request`, as a person would; it learns from the records it is
 shown (a refused KV type among them)."""
 
-from swarmtune.engine.tune.goal import OBJECTIVES, Goal, Setting, parse_allowed_kv, parse_objective
+from swarmtune.engine.tune.goal import OBJECTIVES, Goal, Setting, parse_objective
 from swarmtune.engine.tune.tally import SpanTally, Tally
 from swarmtune.engine.tune.tuner import Tuner
 
-__all__ = ["OBJECTIVES", "Goal", "Setting", "SpanTally", "Tally", "Tuner", "parse_allowed_kv", "parse_objective"]
+__all__ = ["OBJECTIVES", "Goal", "Setting", "SpanTally", "Tally", "Tuner", "parse_objective"]

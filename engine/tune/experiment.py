@@ -38,6 +38,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.simulator import attention_factor
@@ -58,11 +59,11 @@ def t95(df: int) -> float:
 class StepModel(Protocol):
     """What the tuner's model says a step costs (engine/tune/simulator.py's SimStepCost)."""
 
-    def decode_seconds(self, batch: int, contexts: list[float], kv: str) -> float: ...
+    def decode_seconds(self, batch: int, contexts: list[float], kv: KVSetting) -> float: ...
 
-    def prefill_seconds(self, tokens: int, pos0: int, kv: str) -> float: ...
+    def prefill_seconds(self, tokens: int, pos0: int, kv: KVSetting) -> float: ...
 
-    def decode_base_seconds(self, batch: int, kv: str) -> float: ...
+    def decode_base_seconds(self, batch: int, kv: KVSetting) -> float: ...
 
 
 @dataclass
@@ -176,11 +177,11 @@ class Experiment:
         if r.kind == "decode" and r.batch:
             ctx = {a.id: a.context for a in r.agents}
             contexts = [float(ctx.get(i, r.mean_context)) for i in r.batch_ids]
-            modeled = self.model.decode_seconds(r.batch, contexts, r.kv_type)
-            base = min(self.model.decode_base_seconds(r.batch, r.kv_type), modeled)
+            modeled = self.model.decode_seconds(r.batch, contexts, r.kv)
+            base = min(self.model.decode_base_seconds(r.batch, r.kv), modeled)
         elif r.kind == "prefill" and r.tokens and r.batch_ids:
             after = next((a.context for a in r.agents if a.id == r.batch_ids[0]), r.tokens)
-            modeled = self.model.prefill_seconds(r.tokens, max(after - r.tokens, 0), r.kv_type)
+            modeled = self.model.prefill_seconds(r.tokens, max(after - r.tokens, 0), r.kv)
         if modeled > 0:
             m = b.timed.setdefault(r.kind, [0.0, 0.0, 0.0])
             m[0] += r.seconds

@@ -17,6 +17,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend, StepScale
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import Stalled, UserError
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.power.meter import Meter, ModeledMeter, NoMeter
 from swarmtune.engine.settings import cap_in_force
 from swarmtune.engine.tune.cost import Spending
@@ -39,7 +40,7 @@ class Forecaster:
         self.cost = cost  # the tuner's: forecasts and the thinking they cost are counted in it
         # per KV type, what an experiment measured of its steps against the model: later forecasts run on it
         # (until, on a real backend, the type has a fit of its own steps)
-        self.measured_scale: dict[str, StepScale] = {}
+        self.measured_scale: dict[KVSetting, StepScale] = {}
 
     # thinking
     def thinking_spent(self, now: float) -> bool:
@@ -77,7 +78,7 @@ class Forecaster:
 
     # running forward
     def forecast(self, engine: EngineView, setting: Setting, seeds: range | None = None,
-                 scale: dict[str, StepScale] | None = None) -> Runs | None:
+                 scale: dict[KVSetting, StepScale] | None = None) -> Runs | None:
         """One run forward per forecast seed (common to every candidate, so they differ by the setting and
         not by luck); None if any of them could not run."""
         # one start for every seed: on a real backend the clock moves while they run, and a horizon cut at a
@@ -89,7 +90,7 @@ class Forecaster:
         return None if len(done) < len(runs) else done
 
     def _once(self, engine: EngineView, setting: Setting, k: int, start: float,
-              scale: dict[str, StepScale] | None = None) -> list[Tally] | None:
+              scale: dict[KVSetting, StepScale] | None = None) -> list[Tally] | None:
         """Run the swarm forward from now under `setting` in a simulator: what each span up to the horizon
         would hold (the last is the whole horizon); None where the simulator cannot run the swarm that way."""
         sim = self.simulator(engine)
@@ -125,7 +126,7 @@ class Forecaster:
     def simulator(self, engine: EngineView) -> SimBackend | None:
         return self.measured.simulator(engine)
 
-    def learned_scale(self, engine: EngineView) -> dict[str, StepScale]:
+    def learned_scale(self, engine: EngineView) -> dict[KVSetting, StepScale]:
         """The step-time factors experiments measured, for the KV types whose model is still not their own
         steps' fit (always, on the sim: its model is the stated card)."""
         out = {}

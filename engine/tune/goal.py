@@ -4,10 +4,10 @@ import math
 from dataclasses import dataclass
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import kv_pair
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.tune_events import Setting
 
-__all__ = ["OBJECTIVES", "Goal", "Setting", "parse_allowed_kv", "parse_objective"]
+__all__ = ["OBJECTIVES", "Goal", "Setting", "parse_objective"]
 
 OBJECTIVES = ("tokens_per_s", "joules_per_token", "floor")
 PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) times its KV types in a side cache
@@ -17,7 +17,8 @@ PROBE_MIN_RUN_S = 600.0  # a run this long or longer (or of unknown length) time
 class Goal:
     objective: str = "tokens_per_s"  # tokens_per_s | joules_per_token | floor
     floor_tokens_per_s: float = 0.0  # floor: no agent below this rate
-    allowed_kv: tuple[str, ...] = ()  # KV types the tuner may use; () = only the run's own (quality is the user's call)
+    # KV settings the tuner may use; () = only the run's own (quality is the user's call)
+    allowed_kv: tuple[KVSetting, ...] = ()
     power_cap_watts: float | None = None
     epoch_s: float = 10.0  # how often it looks
     # how far each forecast runs when the run's length is unknown (the dashboard, serve): long enough to see
@@ -71,10 +72,3 @@ def parse_objective(text: str) -> tuple[str, float]:
     if arg:
         raise UserError(f"objective {name} takes no value (got {text!r})", field="autotune")
     return name, 0.0
-
-
-def parse_allowed_kv(text: str) -> tuple[str, ...]:
-    """Comma-separated KV settings, each a type or K/V types (q8_0/f16), in their one spelling."""
-    return tuple(dict.fromkeys(kv_pair(k.strip()).label for k in text.split(",") if k.strip()))
-
-

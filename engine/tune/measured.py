@@ -8,6 +8,7 @@ from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import F16, KVSetting
 from swarmtune.engine.measure.kv_probe import KvProbe, long_context, probe_kv
 from swarmtune.engine.measure.prefill_model import PrefillCalibration
 from swarmtune.engine.model.profiles import Profile
@@ -28,25 +29,25 @@ SWITCH_FIXED_S = 0.25
 
 class Measured:
     def __init__(self) -> None:
-        self.prefill: dict[str, PrefillCalibration] = {}  # per KV type: measured prefill chunks
+        self.prefill: dict[KVSetting, PrefillCalibration] = {}  # per KV setting: measured prefill chunks
         self.swap: list[tuple[int, float]] = []  # (bytes, seconds) of measured swaps
-        self.probes: dict[str, KvProbe | None] = {}  # KV type -> its probe (None: it could not be timed)
+        self.probes: dict[KVSetting, KvProbe | None] = {}  # KV setting -> its probe (None: it could not be timed)
         self.convert: list[tuple[int, float]] = []  # (bytes, seconds) of measured KV conversions
         self.switches: list[tuple[float, float]] = []  # (cached tokens, seconds) of the tuner's KV switches
         # KV types this build could not make (a rebuild's record, or a probe): no candidates
-        self.refused: set[str] = set()
+        self.refused: set[KVSetting] = set()
 
     def learn(self, rec: StepRecord) -> None:
         """A measured step's prefill chunk and moves join what is known of this machine; a KV type a rebuild
         could not make, what this build refuses."""
         if rec.refused_kv is not None:
-            self.refused.add(rec.refused_kv)
+            self.refused.add(KVSetting.parse(rec.refused_kv))
         if rec.source != "measured":
             return
         if rec.kind == "prefill" and rec.seconds > 0 and rec.tokens and rec.batch_ids:
             after = next((a.context for a in rec.agents if a.id == rec.batch_ids[0]), None)
             if after is not None:
-                self.prefill.setdefault(rec.kv_type, PrefillCalibration()).add(rec.tokens, after - rec.tokens,
+                self.prefill.setdefault(rec.kv, PrefillCalibration()).add(rec.tokens, after - rec.tokens,
                                                                                 rec.seconds)
         for m in rec.moved:
             if m.op in ("swap_out", "swap_in") and m.seconds > 0:
@@ -58,14 +59,15 @@ class Measured:
         """One of the tuner's KV switches: the cells it converted or prefilled, and its seconds."""
         self.switches = (self.switches + [(cells, seconds)])[-16:]
 
-    def probe_missing(self, engine: EngineView, base_kv: str, candidates: set[str], cost: Spending) -> list[TuneEvent]:
+    def probe_missing(self, engine: EngineView, base_kv: KVSetting, candidates: set[KVSetting],
+                      cost: Spending) -> list[TuneEvent]:
         """Times each candidate KV type that has not run against the run's own (base_kv), once per run, at
         the widest batch a candidate can have: a forecast of switching to it needs its step time on this
         machine. Its seconds are the tuner's probe cost."""
         out: list[TuneEvent] = []
         kvs = candidates - set(self.probes)
         ctx = [a.context for a in engine.agents]
-        for k in sorted(kvs):
+        for k in sorted(kvs, key=str):
             if (own := engine.analysis.fit(k)) is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
                 continue
             long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
@@ -106,7 +108,7 @@ class Measured:
                                   f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
         return out
 
-    def step_time_source(self, engine: EngineView, kv: str) -> str:
+    def step_time_source(self, engine: EngineView, kv: KVSetting) -> str:
         """Where a forecast's step times at this KV type come from."""
         own = engine.analysis.fit(kv)
         p = self.probes.get(kv)
@@ -134,7 +136,7 @@ class Measured:
         swap_bw = (sum(b for b, _ in self.swap) / sum(s for _, s in self.swap)) if self.swap else 10e9
         f = engine.facts
         prof = Profile(name="calibrated", description="this run, calibrated", model_name=f.name,
-                    weight_bytes=f.weight_bytes, kv_bytes_per_token_f16=f.bytes_model.kv_bytes_per_token("f16"),
+                    weight_bytes=f.weight_bytes, kv_bytes_per_token_f16=f.bytes_model.kv_bytes_per_token(F16),
                     effective_bandwidth_bytes_per_s=1.0, compute_seconds_per_token=0.0,
                     prefill_tokens_per_s=1 / now_prefill.per_token_seconds,
                     kv_budget_bytes=engine.s.kv_budget_bytes or 0.0,
@@ -143,7 +145,7 @@ class Measured:
                     host_link_bytes_per_s=swap_bw)
         return CalibratedSim(prof, fits, prefills, engine.s.kv)
 
-    def switch_s(self, engine: EngineView, kv: str) -> float:
+    def switch_s(self, engine: EngineView, kv: KVSetting) -> float:
         """What one KV switch from kv is expected to cost: its rebuild, at the rate this run's switches
         measured (cells per second), else at CONVERT_BYTES_PER_S."""
         fixed = 0.0 if engine.backend.source == "simulated" else SWITCH_FIXED_S

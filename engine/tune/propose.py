@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.quality.quality_check import QualityLedger
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
@@ -152,7 +153,7 @@ class Proposer:
                         explore_least_s=None if explore is None else round(explore[1], 3),
                         explore_budget_s=None if explore is None else round(explore[2], 3))
 
-    def timed(self, engine: EngineView, kv: str) -> bool:
+    def timed(self, engine: EngineView, kv: KVSetting) -> bool:
         """This machine's step times at a KV type are known: the sim's card states them; on a real backend a
         fit of its own steps, a probe in a side cache, or what an experiment measured of it."""
         if engine.backend.source == "simulated" or kv in self.fc.measured_scale:

@@ -2,6 +2,7 @@
 cost a decision's closed loop checks measured steps against."""
 
 from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.prefill_model import PrefillFit
 from swarmtune.engine.measure.step_model import Fit
 from swarmtune.engine.model.profiles import Profile
@@ -14,7 +15,8 @@ class CalibratedSim(SimBackend):
     fewer, but dequantizing it may cost more: slower on a CPU, faster on a GPU). Where no probe could run,
     it borrows another type's fit unscaled, and the decision says so."""
 
-    def __init__(self, p: Profile, fits: dict[str, Fit], prefills: dict[str, PrefillFit], base_kv: str) -> None:
+    def __init__(self, p: Profile, fits: dict[KVSetting, Fit], prefills: dict[KVSetting, PrefillFit],
+                 base_kv: KVSetting) -> None:
         super().__init__(p)
         self.fits = fits
         self.prefills = prefills  # per KV type: prefill slows as the history grows, by the type
@@ -24,13 +26,13 @@ class CalibratedSim(SimBackend):
         super().prefill(seq, tokens, pos0)  # the cache's bookkeeping, and its checks
         return self.prefill_seconds(len(tokens), pos0, self.kv)
 
-    def prefill_seconds(self, tokens: int, pos0: int, kv: str | None = None) -> float:
+    def prefill_seconds(self, tokens: int, pos0: int, kv: KVSetting | None = None) -> float:
         kv = kv or self.kv
         fit = self.prefills.get(kv) or self.prefills.get(self.base_kv) or next(iter(self.prefills.values()))
         sc = self.scale.get(kv)
         return fit.seconds(tokens, pos0) * (sc.prefill if sc else 1.0)
 
-    def step_seconds(self, batch: int, total_context: float, kv: str | None = None,
+    def step_seconds(self, batch: int, total_context: float, kv: KVSetting | None = None,
                      contexts: list[float] | None = None) -> float:
         kv = kv or self.kv
         fit = self.fits.get(kv) or self.fits.get(self.base_kv)
@@ -72,12 +74,12 @@ class SimStepCost:
     def __init__(self, sim: SimBackend) -> None:
         self.sim = sim
 
-    def decode_seconds(self, batch: int, contexts: list[float], kv: str) -> float:
+    def decode_seconds(self, batch: int, contexts: list[float], kv: KVSetting) -> float:
         return self.sim.step_seconds(batch, sum(contexts), kv=kv, contexts=contexts)
 
-    def decode_base_seconds(self, batch: int, kv: str) -> float:
+    def decode_base_seconds(self, batch: int, kv: KVSetting) -> float:
         """The part of a decode step that does not grow with the cached tokens (the weights' stream)."""
         return self.sim.step_seconds(batch, 0.0, kv=kv, contexts=[0.0] * batch)
 
-    def prefill_seconds(self, tokens: int, pos0: int, kv: str) -> float:
+    def prefill_seconds(self, tokens: int, pos0: int, kv: KVSetting) -> float:
         return self.sim.prefill_seconds(tokens, pos0, kv)

@@ -22,7 +22,7 @@ from swarmtune.engine.tune_events import Experimented, TuneEvent
 def setting_of(engine: EngineView) -> Setting:
     """The setting in force, or about to be (a change requested and not yet applied over it)."""
     st = engine.state()
-    return Setting(st.batch_cap, st.kv, st.residency)
+    return Setting(st.batch_cap, st.kv or engine.s.kv, st.residency)
 
 
 class Trials:

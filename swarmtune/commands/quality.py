@@ -18,7 +18,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
     from swarmtune.engine.quality import kv_quality, quality_texts
 
-    settings = kv_quality.check_settings(s for s in args.kv_settings.split(",") if s.strip())
+    settings = list(args.kv_settings)  # read by the parser (a bad one, or none, was its one line)
     contexts = kv_quality.check_contexts(args.contexts or DEFAULT_CONTEXTS)
     if args.json_path and args.json_path != "-" and not Path(args.json_path).parent.exists():
         raise UserError(f"cannot write {args.json_path}: folder {Path(args.json_path).parent} does not exist")
@@ -57,7 +57,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
     model = Path(backend.facts.path).name
     machine = f"{platform.processor() or platform.machine()}, {backend.n_threads} threads"
     if args.json_path:
-        doc = {"model": model, "machine": machine, "on": on, "reference": "f16/f16", "settings": settings,
+        doc = {"model": model, "machine": machine, "on": on, "reference": "f16/f16",
+               "settings": [s.label for s in settings],
                "contexts": contexts, "wall_s": round(wall_s, 2),
                "source": "measured: teacher-forced logits against an f16/f16 cache, llama-perplexity's windows",
                "figures": [f.to_json() for f in figs]}
@@ -71,9 +72,9 @@ def cmd_quality(args: argparse.Namespace) -> int:
         t.add_column(col, justify="left" if col == "setting" else "right")
     for f in figs:
         if f.mean_kl is None or f.p99_kl is None or f.top1_same is None:
-            t.add_row(f.setting, f"{f.band[0]}-{f.band[1]}", "too few positions", "", "", str(f.positions))
+            t.add_row(f.setting.label, f"{f.band[0]}-{f.band[1]}", "too few positions", "", "", str(f.positions))
         else:
-            t.add_row(f.setting, f"{f.band[0]}-{f.band[1]}", f"{f.mean_kl:.5f}", f"{f.p99_kl:.4f}",
+            t.add_row(f.setting.label, f"{f.band[0]}-{f.band[1]}", f"{f.mean_kl:.5f}", f"{f.p99_kl:.4f}",
                       f"{f.top1_same:.1%}", str(f.positions))
     out = Console(file=sys.stdout)
     out.print(t)

@@ -21,9 +21,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         table_rows,
         write_png,
     )
-    from swarmtune.engine.model.kv_types import kv_type
-
-    kv_type(args.kv)
     for path in (args.json_path, args.png_path):
         if path and not Path(path).parent.exists():
             raise UserError(f"cannot write {path}: folder {Path(path).parent} does not exist")

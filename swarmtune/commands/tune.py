@@ -40,20 +40,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         pass
     finally:
         st = e.state()
+        kv = st.kv or e.s.kv  # an engine's state always holds one
         tail = Tally()
         for r in last:
             if r.t >= e.now_s() - e.tuner.goal.dwell_s:
                 tail.add(r)
         f = e.facts
         prof = getattr(e.backend, "profile", None)
-        flags = engine_flags(st.batch_cap, st.kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
+        flags = engine_flags(st.batch_cap, kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
                              e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None))
         source = e.backend.source
         ledger = getattr(e.quality, "ledger", None)
         run_s = e.now_s()  # the engine's clock: the tuner's probe and first look, before the first step, count
         e.close()
     result = {
-        "objective": e.tuner.goal.objective, "setting": {"batch_cap": st.batch_cap, "kv": st.kv,
+        "objective": e.tuner.goal.objective, "setting": {"batch_cap": st.batch_cap, "kv": kv.label,
                                                          "residency": st.residency},
         "tuned_for_s": round(e.now_s(), 1), "clock": "simulated" if source == "simulated" else "wall",
         "tokens_per_s": {"whole_run": round(whole.tokens / run_s, 2) if run_s > 0 else None,

@@ -34,7 +34,7 @@ class EngineCollector(Collector):
         yield from gauge("swarmtune_tuner_on", "1 while the tuner holds the settings", 1.0 if st.autotune else 0.0)
         kv = GaugeMetricFamily("swarmtune_kv_setting", "the KV setting in force (1), by its name (K/V apart as "
                                "q8_0/f16)", labels=["kv"])
-        kv.add_metric([st.kv], 1.0)
+        kv.add_metric([st.kv_label], 1.0)
         yield kv
         # the settings in force, also before the first step (a fleet view reads them from a node that idles)
         yield from gauge("swarmtune_batch_cap", "agents allowed per decode step", st.batch_cap)
@@ -62,7 +62,7 @@ class EngineCollector(Collector):
             yield g
         yield from gauge("swarmtune_mean_context_tokens", "the last batch's mean context", r.mean_context)
         used = sum(a.context for a in r.agents if a.residency == "cache" and a.state != "preempted")
-        budget = run.engine.budget_tokens(r.kv_type)
+        budget = run.engine.budget_tokens(r.kv)
         yield from gauge("swarmtune_kv_cache_usage_ratio", "KV cells held by agents' histories over the KV budget "
                          "(0-1)", used / budget if budget else None)
         yield from gauge("swarmtune_predicted_speedup_ratio", "bytes model speedup B(W(1)+s+K(L))/(W(B)+B(s+K(L))) "
@@ -94,7 +94,7 @@ def _quality(run: EngineRunner) -> Iterator[GaugeMetricFamily]:
     for f in list(ledger.figures.values()):  # a copy: the engine's thread adds to it
         if f.mean_kl is None or f.p99_kl is None or f.top1_same is None:
             continue
-        labels = [f.setting, f"{f.band[0]}-{f.band[1]}"]
+        labels = [f.setting.label, f"{f.band[0]}-{f.band[1]}"]
         kl.add_metric(labels, f.mean_kl)
         p99.add_metric(labels, f.p99_kl)
         top.add_metric(labels, f.top1_same)

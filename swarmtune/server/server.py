@@ -27,7 +27,7 @@ import swarmtune
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.kv_types import KV_TYPES
+from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 from swarmtune.server.anthropic_api import add_anthropic_routes
 from swarmtune.server.bridge import Bridge
@@ -71,7 +71,7 @@ class Settings(BaseModel):
 
 
 def _settings(st: EngineState, paused: bool) -> Settings:
-    return Settings(batch_cap=st.batch_cap, kv_type=st.kv, agents=st.agents, residency=st.residency,
+    return Settings(batch_cap=st.batch_cap, kv_type=st.kv_label, agents=st.agents, residency=st.residency,
                     autotune=st.autotune, paused=paused)
 
 

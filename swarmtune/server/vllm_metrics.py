@@ -29,7 +29,7 @@ class VllmGauges(Collector):
         r = run.latest_decode
         if r is not None:
             used = sum(a.context for a in r.agents if a.residency == "cache" and a.state != "preempted")
-            budget = run.engine.budget_tokens(r.kv_type)
+            budget = run.engine.budget_tokens(r.kv)
             if budget:
                 values.append(("vllm:kv_cache_usage_perc", "KV cells held over the KV budget (0-1), as "
                                "swarmtune_kv_cache_usage_ratio", used / budget))

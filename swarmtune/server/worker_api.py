@@ -27,7 +27,7 @@ def add_worker_routes(app: FastAPI, runner: EngineRunner) -> None:
         return {"version": swarmtune.__version__, "engine": "swarmtune", "served_model_name":
                 model_id(runner.engine.facts.path), "max_running_requests": st.agents,
                 "max_total_num_tokens": st.agents * s.ctx_per_agent, "context_length": s.ctx_per_agent,
-                "kv_cache_dtype": st.kv, "tp_size": 1, "dp_size": 1}
+                "kv_cache_dtype": st.kv_label, "tp_size": 1, "dp_size": 1}
 
     for path in ("/model_info", "/get_model_info"):
         app.add_api_route(path, model_info, methods=["GET"], summary="a fleet router's probe: the model served")

@@ -32,7 +32,7 @@ class ForeignSource:
         raise UserError(f"read-only: {self.poller.engine} is attached for viewing; its settings are its own")
 
     def state(self) -> EngineState:
-        return EngineState(0, "remote", 0)
+        return EngineState(0, None, 0)
 
     def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:
         have_header = False

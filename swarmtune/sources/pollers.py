@@ -22,9 +22,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import UNKNOWN_KV, read_kv
 from swarmtune.engine.measure.speedup import predicted_speedup
 from swarmtune.engine.measure.step_model import Calibration
-from swarmtune.engine.model.bytes_model import ASSUMED_KV as REMOTE_KV
 from swarmtune.engine.model.bytes_model import ByteModel
 from swarmtune.engine.records import AgentView, StepRecord, mean_context
 
@@ -130,18 +130,18 @@ class ForeignPoller:
         b = len(batch_ids)
         rec = StepRecord(
             step=self.step, t=round(now - (self.t0 or now), 3), kind=kind, batch=b,
-            batch_ids=batch_ids, batch_cap=batch_cap, kv_type="remote", agents=agents,
+            batch_ids=batch_ids, batch_cap=batch_cap, kv_type=UNKNOWN_KV, agents=agents,
             weight_bytes=int(self.weight_bytes or 0), kv_bytes=sum(ctx) * k, seconds=seconds, tokens=tokens,
             source=f"measured:{self.engine}", mean_context=mean,
             tokens_per_second=tokens / seconds if seconds > 0 else None, note=note,
         )
         bm = self.bytes_model
         if bm is not None and b:
-            rec.kv_bytes = sum(bm.kv_read_bytes(REMOTE_KV, c) for c in ctx)
+            rec.kv_bytes = sum(bm.kv_read_bytes(read_kv(UNKNOWN_KV), c) for c in ctx)  # counted at f16
             rec.weight_bytes = int(bm.weight_bytes(b))
         if kind == "decode" and b:
             if bm is not None:
-                rec.predicted_speedup = bm.speedup_mixed(ctx, REMOTE_KV)
+                rec.predicted_speedup = bm.speedup_mixed(ctx, read_kv(UNKNOWN_KV))
             elif self.weight_bytes and self.k:
                 rec.predicted_speedup = predicted_speedup(b, mean, self.weight_bytes, self.k)
             rec.calibrated_speedup, rec.fit = self.timing.speedup(b, mean)

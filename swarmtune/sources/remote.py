@@ -9,6 +9,7 @@ import httpx
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting, known_kv
 from swarmtune.engine.records import StepRecord
 from swarmtune.sources.backoff import Backoff
 from swarmtune.sources.client import SwarmClient
@@ -26,7 +27,7 @@ class RemoteSource:
         self.reconnects = 0
         self.missed = 0
         self.backoff = Backoff(max_s=max_backoff_s)
-        self._settings = EngineState(0, "", 0)
+        self._settings = EngineState(0, None, 0)
         self._paused = False
 
     def header(self) -> dict[str, Any]:
@@ -49,7 +50,7 @@ class RemoteSource:
         except httpx.HTTPError as e:
             raise UserError(f"the remote engine did not answer: {e}") from None
         self._paused = s["paused"]
-        self._settings = EngineState(s["batch_cap"], s["kv_type"], s["agents"], s.get("residency", "keep"),
+        self._settings = EngineState(s["batch_cap"], _remote_kv(s["kv_type"]), s["agents"], s.get("residency", "keep"),
                                      s.get("autotune"))
         return self._settings
 
@@ -68,8 +69,8 @@ class RemoteSource:
                     run_id = info.get("run_id")
                     sink.header(info)
                 st = self.client.state()["settings"]
-                self._settings = EngineState(st["batch_cap"], st["kv_type"], st["agents"], st.get("residency", "keep"),
-                                             st.get("autotune"))
+                self._settings = EngineState(st["batch_cap"], _remote_kv(st["kv_type"]), st["agents"],
+                                             st.get("residency", "keep"), st.get("autotune"))
                 self._paused = st["paused"]
                 self._stream(sink, cancelled)
             except (httpx.HTTPError, OSError, ValueError) as e:
@@ -96,7 +97,7 @@ class RemoteSource:
                 self.missed += rec.step - self.last_step - 1
                 self.status = f"missed {self.missed} steps (a slow link; the server dropped them)"
             self.last_step = rec.step
-            self._settings = EngineState(rec.batch_cap, rec.kv_type, len(rec.agents))
+            self._settings = EngineState(rec.batch_cap, _remote_kv(rec.kv_type), len(rec.agents))
             buf.append(rec)
             now = time.perf_counter()
             if now - last_emit >= sink.every_s:
@@ -112,3 +113,12 @@ class RemoteSource:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _remote_kv(text: object) -> KVSetting | None:
+    """The remote engine's KV setting as it spelled it; None where it did not say or said what this
+    version cannot read (a newer type): shown as unknown, never a dead screen."""
+    try:
+        return known_kv(str(text))
+    except UserError:
+        return None

@@ -6,6 +6,7 @@ from typing import Any
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import known_kv
 from swarmtune.engine.records import Recording, StepRecord
 from swarmtune.sources.driver import SEEKED, Seeked, drive
 from swarmtune.sources.pacing import Pacer
@@ -46,7 +47,8 @@ class ReplaySource:
 
     def state(self) -> EngineState:
         last = self.rec.steps[max(0, self.position - 1)] if self.rec.steps else None
-        return EngineState(last.batch_cap if last else 0, last.kv_type if last else "", len(last.agents) if last else 0)
+        return EngineState(last.batch_cap if last else 0, known_kv(last.kv_type) if last else None,
+                           len(last.agents) if last else 0)
 
     def seek(self, index: int) -> None:
         with self._lock:

@@ -4,8 +4,9 @@ import math
 
 from rich.text import Text
 
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.step_model import Fit
-from swarmtune.engine.model.bytes_model import ByteModel, as_kv_type, bytes_model_from_header
+from swarmtune.engine.model.bytes_model import ByteModel, bytes_model_from_header
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.braille import Chart, Series
 from swarmtune.tui.widgets.lines import TextLines
@@ -43,12 +44,12 @@ class BatchPlot(_Chart):
 NO_BYTES = "n/a: W and k unknown (--gguf, or --weight-bytes and --kv-bytes-per-token)"
 
 
-def bytes_known(h: dict, kv: str) -> ByteModel | None:
+def bytes_known(h: dict, kv: KVSetting) -> ByteModel | None:
     """The header's byte model (an older recording's W and k make a dense one); None while W or k is unknown."""
     bm = bytes_model_from_header(h)
     if bm is None or not bm.weight_bytes(1):
         return None
-    return bm if bm.kv_bytes_per_token(as_kv_type(kv)) > 0 or bm.state_bytes > 0 else None
+    return bm if bm.kv_bytes_per_token(kv) > 0 or bm.state_bytes > 0 else None
 
 
 def formula_label(bm: ByteModel, b: int) -> str:
@@ -63,7 +64,7 @@ class SpeedupPlot(_Chart):
             self.chart = Chart()
             self.redraw()
             return
-        bm = bytes_known(h, as_kv_type(r.kv_type))
+        bm = bytes_known(h, r.kv)
         if bm is None:
             self.chart = Chart(title="speedup " + NO_BYTES)
             self.redraw()
@@ -73,10 +74,10 @@ class SpeedupPlot(_Chart):
         b = max(r.batch_cap, 1)
         c = Chart(title=f"speedup vs context per agent, KV {r.kv_type}", x_range=(0.0, float(limit)),
                   y_range=(0.0, b + 0.5), y_ticks=(0, b))
-        c.add(Series(formula_label(bm, b), xs, [bm.speedup(b, x, as_kv_type(r.kv_type)) for x in xs], "blue"))
+        c.add(Series(formula_label(bm, b), xs, [bm.speedup(b, x, r.kv) for x in xs], "blue"))
         fit = Fit.from_record(r.fit) if r.fit else None
         if fit is not None:
-            kv = as_kv_type(r.kv_type)  # the fit counts the KV tokens attention reads (fewer past a window)
+            kv = r.kv  # the fit counts the KV tokens attention reads (fewer past a window)
             pts = [(x, y, fit.timed_at(b, t)) for x in xs
                    if (y := fit.speedup(b, t := bm.kv_equivalent_tokens(kv, x))) is not None]
             timed = [p for p in pts if p[2]]
@@ -115,15 +116,15 @@ class BytesPlot(TextLines):
         h = stats.header
         if r is None or not h or r.batch == 0:
             return
-        bm = bytes_known(h, as_kv_type(r.kv_type))
+        bm = bytes_known(h, r.kv)
         if bm is None:
             self._title, self._bars, self._footer = NO_BYTES, [], ""
             self.redraw()
             return
         per_token_w = r.weight_bytes / r.batch
-        per_token_private = bm.private_bytes_per_token(as_kv_type(r.kv_type), r.mean_context)
+        per_token_private = bm.private_bytes_per_token(r.kv, r.mean_context)
         private = "KV L·k private" if bm.is_dense else ("KV+state private" if bm.state_bytes else "KV K(L) private")
-        cross = bm.crossover_context(r.batch, as_kv_type(r.kv_type), r.distinct_experts
+        cross = bm.crossover_context(r.batch, r.kv, r.distinct_experts
                                      if r.distinct_experts_source == "measured" else None)
         star = f"L*={cross:,.0f}" if math.isfinite(cross) else "L*: none"
         experts = f"; {r.distinct_experts:.0f}/{bm.n_expert} experts" if r.distinct_experts else ""
