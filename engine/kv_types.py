@@ -1,4 +1,6 @@
-"""The KV cache element types llama.cpp accepts, with their storage cost."""
+"""The KV cache element types llama.cpp accepts, with their storage cost, and a KV setting: K's type and
+V's, the one thing every layer passes around about the cache (read from its spelling once, where it
+enters)."""
 
 import functools
 from dataclasses import dataclass, field
@@ -108,8 +110,7 @@ def parse_kv_list(text: str) -> tuple[KVSetting, ...]:
     return out
 
 
-F16 = KVSetting(KV_TYPES["f16"], KV_TYPES["f16"])
-DEFAULT_KV = F16
+F16 = KVSetting(KV_TYPES["f16"], KV_TYPES["f16"])  # llama.cpp's default, and the quality check's reference
 UNKNOWN_KV = "remote"  # a record's KV setting where an attached engine does not report its cache type
 
 
