@@ -192,15 +192,14 @@ def parse(state: bytes | memoryview, n_layer: int) -> _Layout:
 def rotation(kv: KVSetting, head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
     """(K, V): the size of the Hadamard matrix llama.cpp rotates a cache of setting kv by, 0 for none: K's
     where K's type is quantized, V's where V's is (llama-kv-cache.cpp decides each apart)."""
-    t = kv
     if os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"):
         return 0, 0
     k = 0
-    if t.k.quantized and head_dim_k > 0 and head_dim_k % 64 == 0:
+    if kv.k.quantized and head_dim_k > 0 and head_dim_k % 64 == 0:
         k = 64
         while head_dim_k % (2 * k) == 0:
             k *= 2
-    v = 64 if t.v.quantized and head_dim_v > 0 and head_dim_v % 64 == 0 else 0
+    v = 64 if kv.v.quantized and head_dim_v > 0 and head_dim_v % 64 == 0 else 0
     return k, v
 
 
@@ -220,8 +219,7 @@ def convert(state: bytes | memoryview, n_layer: int, to_kv: KVSetting, threads: 
     q8_0, V at f16). rot_from, rot_to: the (K, V) Hadamard sizes of the old and the new cache (rotation())."""
     layout = parse(state, n_layer)
     g = ggml()
-    pair = to_kv
-    new_types = (pair.k.ggml_type, pair.v.ggml_type)
+    new_types = (to_kv.k.ggml_type, to_kv.v.ggml_type)
     src = memoryview(state).cast("B")  # a ctypes array views as "<B"
     plan = []
     out_size = layout.size

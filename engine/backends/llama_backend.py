@@ -171,7 +171,6 @@ class LlamaBackend:
     def _new_context(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
         """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
         or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
-        t = kv
         cp = ll.llama_context_default_params()
         cp.n_seq_max = n_seqs
         cp.n_ctx = n_seqs * ctx_per_seq
@@ -179,11 +178,11 @@ class LlamaBackend:
         cp.n_ubatch = cp.n_batch
         cp.n_threads = self.n_threads
         cp.n_threads_batch = self.n_threads
-        cp.type_k = t.k.ggml_type
-        cp.type_v = t.v.ggml_type
+        cp.type_k = kv.k.ggml_type
+        cp.type_v = kv.v.ggml_type
         cp.kv_unified = False
         # a quantized V cache needs flash attention
-        fa_on = self.flash_attn or t.quantized
+        fa_on = self.flash_attn or kv.quantized
         cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa_on else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         # sliding-window layers keep their window (+ one ubatch), as llama.cpp's own CLI does: memory = what is read
         cp.swa_full = False

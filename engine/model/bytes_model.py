@@ -187,16 +187,15 @@ class ByteModel:
         """
         n_ctx = _pad(n_seqs * ctx_per_seq, 256)
         cells_full = _pad(n_ctx // max(n_seqs, 1), 256)
-        t = kv  # K and V each at its own type
         out = {"kv": 0, "kv_swa": 0, "recurrent": 0}
         for v, w in zip(self.kv_values_per_layer, self.window_per_layer, strict=True):
             if v <= 0:
                 continue
             if w > 0:
                 cells = _pad(min(cells_full, w + n_ubatch), SWA_CELL_PAD)
-                out["kv_swa"] += int(t.bytes_for(v, self.k_share) * cells * n_seqs)
+                out["kv_swa"] += int(kv.bytes_for(v, self.k_share) * cells * n_seqs)
             else:
-                out["kv"] += int(t.bytes_for(v, self.k_share) * cells_full * n_seqs)
+                out["kv"] += int(kv.bytes_for(v, self.k_share) * cells_full * n_seqs)
         out["recurrent"] = int(self.state_bytes * max(n_seqs, 1))
         return out
 

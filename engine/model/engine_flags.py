@@ -35,9 +35,8 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
         cells = min(cells, bm.budget_tokens(kv_budget_bytes, kv, batch_cap, ctx_per_agent))
         if cells < batch_cap * ctx_per_agent:
             notes.append(f"-c {cells}: what the KV budget holds at {kv}; each slot gets {cells // batch_cap} tokens")
-    t = kv  # K and V apart: -ctk, -ctv
-    ll = ["-np", str(batch_cap), "-ctk", t.k.name, "-ctv", t.v.name, "-c", str(cells)]
-    if t.v.quantized:
+    ll = ["-np", str(batch_cap), "-ctk", kv.k.name, "-ctv", kv.v.name, "-c", str(cells)]
+    if kv.v.quantized:
         notes.append("a quantized V cache needs flash attention: add -fa on where your build does not default to it")
     if bm.has_swa:
         notes.append("windowed layers: leave --swa-full off (the default) so each slot keeps only its window")
@@ -50,9 +49,9 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
 
     v = ["vllm", "serve", "MODEL", "--max-num-seqs", str(batch_cap), "--max-model-len", str(ctx_per_agent)]
     vnotes = []
-    if t.k == t.v and kv.label in VLLM_KV:
+    if kv.k == kv.v and kv.label in VLLM_KV:
         v += ["--kv-cache-dtype", VLLM_KV[kv.label]]
-    elif t.k != t.v:
+    elif kv.k != kv.v:
         vnotes.append(f"KV {kv}: vLLM sets one type for K and V (--kv-cache-dtype); no flag for them apart")
     else:
         vnotes.append(f"KV {kv}: vLLM has no such cache type (fp8 is its only quantized KV)")
@@ -68,7 +67,7 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
 
     z = ["zinc", "--parallel", str(batch_cap)]
     znotes = ["ZINC's flag names as its README gives them; its --kv-quant values not checked against a build here"]
-    if t.k == t.v and kv.label in ZINC_KV:
+    if kv.k == kv.v and kv.label in ZINC_KV:
         z += ["--kv-quant", ZINC_KV[kv.label]]
     else:
         znotes.append(f"KV {kv}: no ZINC --kv-quant equivalent")
