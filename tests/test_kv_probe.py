@@ -48,6 +48,23 @@ def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(
 
 
 @pytest.mark.model
+def test_a_history_converted_to_another_type_restores_into_a_side_cache_of_that_type(llama_backend):
+    """A side cache reads llama.cpp's rotation for its own type: a state converted from the live f16 cache to
+    q8_0 (rotated) restores there, and the live cache is as it was after."""
+    b = llama_backend
+    tokens, nxt, cells_before, logits_before = prefill_code(b)
+    saved, _, _ = b.save_seq(0)
+    converted, _ = b.convert_saved(saved, KV("q8_0"))
+    with b.side_cache(KV("q8_0"), 2, 512):
+        b.restore_seq(0, converted)
+        assert b.cells(0) == cells_before and b.kv == KV("q8_0")
+        with pytest.raises(CacheMismatch):
+            b.restore_seq(1, saved)  # an f16 state is not a q8_0 cache's
+    assert b.kv == KV("f16") and b.cells(0) == cells_before
+    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+
+
+@pytest.mark.model
 def test_a_type_probed_against_itself_scales_a_fit_by_about_one(llama_backend):
     """The same type twice: the two lines differ by the machine's noise only (a shared 2-core box: a wide bound)."""
     llama_backend.open(KV("f16"), 1, 256)

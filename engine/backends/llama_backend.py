@@ -221,9 +221,13 @@ class LlamaBackend:
         type kv, its own samplers); the live cache, its samplers and its last prefill row are back as they
         were after. A KV type is timed here without re-prefilling the swarm."""
         live = (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers,
-                self._grammars)
+                self._grammars, self.attn_rot)
+        log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
         try:
+            # the side cache's own rotation (another type may rotate where the live one does not): a state
+            # converted for it is checked against this one when restored
+            self.attn_rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in llama_log_since(log_mark)) for x in "kv")
             self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
             self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row = kv, n_seqs, ctx_per_seq, None
             self._samplers, self._grammars = {}, {}
@@ -233,7 +237,7 @@ class LlamaBackend:
                 ll.llama_sampler_free(smpl)
             ll.llama_free(ctx)
             (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self._prefill_row, self._samplers,
-             self._grammars) = live
+             self._grammars, self.attn_rot) = live
 
     @contextmanager
     def scorer(self, kv: KVSetting, n_ctx: int) -> Iterator["Scorer"]:
