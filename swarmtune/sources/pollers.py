@@ -22,7 +22,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import UNKNOWN_KV, read_kv
+from swarmtune.engine.kv_types import UNKNOWN_KV
 from swarmtune.engine.measure.speedup import predicted_speedup
 from swarmtune.engine.measure.step_model import Calibration
 from swarmtune.engine.model.bytes_model import ByteModel
@@ -137,11 +137,11 @@ class ForeignPoller:
         )
         bm = self.bytes_model
         if bm is not None and b:
-            rec.kv_bytes = sum(bm.kv_read_bytes(read_kv(UNKNOWN_KV), c) for c in ctx)  # counted at f16
+            rec.kv_bytes = sum(bm.kv_read_bytes(rec.kv, c) for c in ctx)  # an unreported type: counted at f16
             rec.weight_bytes = int(bm.weight_bytes(b))
         if kind == "decode" and b:
             if bm is not None:
-                rec.predicted_speedup = bm.speedup_mixed(ctx, read_kv(UNKNOWN_KV))
+                rec.predicted_speedup = bm.speedup_mixed(ctx, rec.kv)
             elif self.weight_bytes and self.k:
                 rec.predicted_speedup = predicted_speedup(b, mean, self.weight_bytes, self.k)
             rec.calibrated_speedup, rec.fit = self.timing.speedup(b, mean)
