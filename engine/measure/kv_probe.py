@@ -106,13 +106,19 @@ def _time_one(backend: Backend, batch: int, long: int) -> tuple[list[tuple[int, 
     for pos in range(0, long, step):
         chunk = tokens[pos : pos + step]
         prefill.append((len(chunk), pos, backend.prefill(0, chunk, pos)))
+    return decode_points(backend, batch, long), prefill
+
+
+def decode_points(backend: Backend, batch: int, long: int) -> list[tuple[int, float, float]]:
+    """With sequence 0 holding `long` tokens: (batch, mean context, seconds a step) at that history for
+    `batch` sequences, and at the short point for `batch` and for one; sequence 0 is left cut to it."""
     mid = WARMUP + (STEPS + 1) / 2  # a step at position L + i reads L + i + 1 cells
     decode = [(batch, long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True).seconds_per_step)]
     backend.truncate(0, SHORT_CONTEXT)  # the same cells, cut to the short point
     for b in (batch, 1) if batch > 1 else (1,):
         sec = time_decode(backend, b, SHORT_CONTEXT, STEPS, WARMUP, filled=True).seconds_per_step
         decode.append((b, SHORT_CONTEXT + mid, sec))
-    return sorted(decode, key=lambda d: (d[0], d[1])), prefill
+    return sorted(decode, key=lambda d: (d[0], d[1]))
 
 
 def probe_kv(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, long: int) -> KvProbe:
