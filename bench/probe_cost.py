@@ -5,10 +5,12 @@ The tuner times a candidate KV type in a side cache before it forecasts a switch
 tokens there and decode a few steps at it. On a 2-core CPU that is seconds, too dear for a short run, so a
 short run never tries a type it has not timed (docs/tuner.md). This bench puts beside it a probe that
 prefills nothing: one agent's history, already in the live cache, saved, converted to the candidate type
-(engine/backends/kv_convert.py) and restored into the side cache, for each type; the same decode steps
-then run in both probes. Both probes run on the same live swarm, alternated, `--rounds` times; each prints
-its wall seconds and the decode ratio it measured (the candidate's step over the base's at the long
-context), so that a cheaper probe can be seen to measure the same thing.
+(engine/backends/kv_convert.py) and restored into the side cache, for each type; then both probes time the
+same decode points (engine/measure/kv_probe.py's decode_points: the history and a short one at the batch,
+and the short one alone), so they differ only in how the history gets into the side cache. Both run on
+the same live swarm, alternated, `--rounds` times; each prints its wall seconds and the decode ratio it
+measured (the candidate's step over the base's at the long context), so that a cheaper probe can be seen
+to measure the same thing.
 
     python bench/probe_cost.py [--rounds 3] [--long 768] [--batch 8] [--to q8_0]
 
@@ -29,8 +31,8 @@ from machine import cpu_name  # noqa: E402  (bench/, next to this script)
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
 from swarmtune.engine.kv_types import F16, KVSetting  # noqa: E402
-from swarmtune.engine.measure.kv_probe import STEPS, WARMUP, probe_kv  # noqa: E402
-from swarmtune.engine.measure.probe import fill, time_decode  # noqa: E402
+from swarmtune.engine.measure.kv_probe import STEPS, WARMUP, decode_points, probe_kv  # noqa: E402
+from swarmtune.engine.measure.probe import fill  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
@@ -46,12 +48,12 @@ def conversion_probe(b: LlamaBackend, base: KVSetting, kv: KVSetting, batch: int
         handle = saved if k == base else b.convert_saved(saved, k)[0]
         with b.side_cache(k, batch, long + STEPS + WARMUP + 8):
             b.restore_seq(0, handle)
-            step[k] = time_decode(b, batch, long, STEPS, WARMUP, filled=True).seconds_per_step
+            step[k] = next(s for bb, c, s in decode_points(b, batch, long) if bb == batch and c > long)
     return time.perf_counter() - t0, step[kv] / step[base]
 
 
 def prefill_probe(b: LlamaBackend, base: KVSetting, kv: KVSetting, batch: int, long: int) -> tuple[float, float]:
-    """(wall seconds, the same ratio): the tuner's probe as it is, which also times a short context."""
+    """(wall seconds, the same ratio): the tuner's probe as it is."""
     t0 = time.perf_counter()
     p = probe_kv(b, base, kv, batch, long)
     wall = time.perf_counter() - t0
