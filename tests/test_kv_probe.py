@@ -16,6 +16,7 @@ from swarmtune.engine.measure.kv_probe import (
     KvProbe,
     long_context,
     probe_kv,
+    probe_kv_converted,
 )
 from swarmtune.engine.measure.step_model import Fit
 from swarmtune.engine.model.profiles import profile
@@ -62,6 +63,26 @@ def test_a_history_converted_to_another_type_restores_into_a_side_cache_of_that_
             b.restore_seq(1, saved)  # an f16 state is not a q8_0 cache's
     assert b.kv == KV("f16") and b.cells(0) == cells_before
     np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+
+
+@pytest.mark.model
+def test_a_probe_on_a_converted_history_prefills_nothing_and_leaves_the_live_cache_as_it_was(llama_backend):
+    """The live cache's sequence 0, converted into each type's side cache and cut to the long point: the same
+    decode points as a prefilled probe's, no prefill, and the live cache (cells, logits) as it was."""
+    b = llama_backend
+    tokens, nxt, cells_before, logits_before = prefill_code(b)
+
+    p = probe_kv_converted(b, KV("f16"), KV("q8_0"), 2, 0, 90)  # of its 96 tokens
+
+    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == (KV("f16"), 2, cells_before, (-1, -1))
+    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+    mid = WARMUP + (STEPS + 1) / 2
+    for kv in (KV("f16"), KV("q8_0")):
+        assert [(bb, c) for bb, c, _ in p.decode[kv]] == [(1, SHORT_CONTEXT + mid), (2, SHORT_CONTEXT + mid),
+                                                          (2, 90 + mid)]
+        assert all(s > 0 for *_, s in p.decode[kv])
+    assert p.prefill == {} and p.contexts == (SHORT_CONTEXT, 90)
+    assert p.record()["history"] == "converted" and p.wall_s > 0
 
 
 @pytest.mark.model

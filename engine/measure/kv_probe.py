@@ -7,6 +7,11 @@ context on the same model), the run's own type and the other one each prefill a 
 chunk timed: prefill slows as the history grows) and decode a few steps of `batch` sequences at that
 history's length and at a short one, and of one sequence at the short one.
 
+Once an agent holds a history in the live cache, the history need not be prefilled: it is saved, converted
+to each type (engine/backends/kv_convert.py) and restored into the side cache, and the same decode points
+are timed on it (probe_kv_converted). On a 2-core CPU that took 0.16x the prefilling probe's seconds
+(bench/probe_cost.py, docs/tuner.md): cheap enough for a short run, where the other is not.
+
 The decode ratios scale the run's own fit (engine/measure/step_model.py) to the other type: the cost of a step
 apart from attention by the ratio of the two lines' intercepts, attention's per-token costs by the ratio
 of their slopes. That fit stands for the type until it has run and has a fit of its own. Every point
@@ -29,6 +34,7 @@ SHORT_CONTEXT = 64
 LONG_CONTEXT_MIN, LONG_CONTEXT_MAX = 256, 1024
 PREFILL_CHUNK = 128  # the history is prefilled in chunks this long, each one timed at its position
 STEPS, WARMUP = 3, 1  # per point: the median of 3 steps, after one that may rebuild the graph
+PROBE_STEPS = 3 * (STEPS + WARMUP)  # decode steps a type's points take (three points), for an estimate of its cost
 # below this share of the step, attention's slope is noise at these step counts: one ratio for the whole step
 MIN_ATTENTION_SHARE = 0.1
 # a ratio outside this is a probe's noise (a slope from medians of 3 steps), not a cache type: clamped
@@ -43,7 +49,8 @@ class KvProbe:
     contexts: tuple[int, int]  # tokens per sequence: short, long
     decode: dict[KVSetting, list[tuple[int, float, float]]]  # per type: (batch, mean context, seconds a step)
     prefill: dict[KVSetting, list[tuple[int, int, float]]]  # per type: (tokens, first position, seconds) per chunk
-    wall_s: float  # what the probe took, side caches and their prefills included
+    wall_s: float  # what the probe took, side caches and their prefills (or conversions) included
+    history: str = "prefilled"  # how the side caches got their history: prefilled, or converted from an agent's
 
     def _at(self, kv: KVSetting, batch: int) -> tuple[float, float]:
         """Seconds a step at the short and at the long context, at this batch."""
@@ -87,7 +94,8 @@ class KvProbe:
                 "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},
                 "prefill": {k: [[n, p, round(s, 6)] for n, p, s in v] for k, v in self.prefill.items()},
                 "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4), "ratio_split": self.split,
-                "probe_seconds": round(self.wall_s, 3), "source": "measured in a side cache"}
+                "probe_seconds": round(self.wall_s, 3), "history": self.history,
+                "source": "measured in a side cache"}
 
 
 def long_context(mean_context: float, ctx_per_agent: int) -> int:
@@ -130,3 +138,24 @@ def probe_kv(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, lo
         with backend.side_cache(k, batch, long + STEPS + WARMUP + 8):
             decode[k], prefill[k] = _time_one(backend, batch, long)
     return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, prefill, time.perf_counter() - t0)
+
+
+def probe_kv_converted(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, seq: int,
+                       long: int) -> KvProbe:
+    """Times base_kv and kv alike in side caches of `batch` sequences, each given the live cache's sequence
+    `seq` (at base_kv, holding at least `long` tokens from position 0) converted to its type and cut to
+    `long`: no prefill. The live cache is left as it was. Raises UserError where this build cannot make a
+    context of that type, Unconvertible where the history cannot be converted to it."""
+    t0 = time.perf_counter()
+    saved, _, _ = backend.save_seq(seq)
+    held = backend.cells(seq)[1] + 1
+    decode = {}
+    for k in (base_kv, kv):
+        handle = saved if k == base_kv else backend.convert_saved(saved, k)[0]
+        # the whole history is restored (a saved state is one piece), then cut to the long point
+        with backend.side_cache(k, batch, max(held, long) + STEPS + WARMUP + 8):
+            backend.restore_seq(0, handle)
+            backend.truncate(0, long)
+            decode[k] = decode_points(backend, batch, long)
+    return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, {}, time.perf_counter() - t0,
+                   history="converted")
