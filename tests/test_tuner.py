@@ -317,6 +317,36 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
     assert "prefill" in kinds and "decode" in kinds
 
 
+@pytest.mark.model
+def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(llama_backend):
+    """A run too short for prefilled probes: nothing is timed before the first step; once an agent holds a
+    history, the KV type is timed on it, converted, once; what that took counts in the exploration budget,
+    and a look follows at once on the scaled fit."""
+    e = Engine(llama_backend, EngineSettings(agents=4, ctx_per_agent=640, gen_tokens=16, tool_tokens=128, seed=2,
+                                             tool_latency_s=0.1, tool_latency_sigma=0.5),
+               tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), epoch_s=1.0, horizon_s=4.0, run_s=120.0,
+                                forecast_seeds=1, think_share=1.0, explore_share=0.2)),
+               autotune=True)
+
+    def probed(recs: list) -> list[dict]:
+        return [r.tune.to_json() for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "probed"]
+
+    recs = [e.step() for _ in range(12)]
+    assert not probed(recs) and not e.tuner._convert_tried  # nothing to time it on yet
+    while not probed(recs) and len(recs) < 400:
+        recs.append(e.step())
+    assert len(probed(recs)) == 1, [r.note for r in recs if r.kind == "tune"]
+    p = probed(recs)[0]
+    assert (p["kv"], p["base_kv"], p["history"]) == ("q8_0", "f16", "converted") and "converted" in p["why"]
+    assert p["contexts"][1] >= 128 and p["probe_seconds"] > 0 and not p["prefill"]
+    assert e.tuner.trials.explored_s >= e.tuner.cost.probe_s > 0
+    assert e.tuner.measured.step_time_source(e, KV("q8_0")).startswith("KV f16's fit scaled by a side-cache probe")
+    recs += [e.step() for _ in range(20)]
+    assert len(probed(recs)) == 1  # once a run
+    # and a look came at once on what it measured: staying is being checked, or an experiment began
+    assert e.tuner.checks.open_settings or e.tuner.trials.exp is not None or _events(recs, "trial")
+
+
 def _misstated(true: dict, seconds: float, tuned: bool, seed: int = 1):
     """The simulated RX 9070 XT as it is (`true`) under a tuner that forecasts with its profile as listed."""
     p = profile(SIM)
@@ -412,6 +442,9 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [Setting(4, KV("q8_0"), "keep")])
     assert e.tuner.propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
     e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
+    if e.tuner._probe_pending(e, cur):  # a probe on the swarm's history is still to come: it goes first
+        assert e.tuner.propose(e, cur, base, kv_only=True) is None
+        e.tuner._convert_tried = True  # as once it was weighed (and refused: explore_share was 0)
     trial = e.tuner.propose(e, cur, base, kv_only=True)
     assert trial is not None and trial.to.kv == KV("q8_0") and trial.exploratory, trial
     assert "never timed here" in trial.why

@@ -4,12 +4,21 @@ forecasts run on it (the swarm's simulator, calibrated on it) and a switch is pr
 
 import time
 
+from swarmtune.engine.agents.agent import Agent, Residency
 from swarmtune.engine.backends.backend import NoKVSlot
+from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import F16, KVSetting
-from swarmtune.engine.measure.kv_probe import KvProbe, long_context, probe_kv
+from swarmtune.engine.measure.kv_probe import (
+    PROBE_STEPS,
+    SHORT_CONTEXT,
+    KvProbe,
+    long_context,
+    probe_kv,
+    probe_kv_converted,
+)
 from swarmtune.engine.measure.prefill_model import PrefillCalibration
 from swarmtune.engine.model.profiles import Profile
 from swarmtune.engine.records import StepRecord, mean_context
@@ -59,25 +68,33 @@ class Measured:
         """One of the tuner's KV switches: the cells it converted or prefilled, and its seconds."""
         self.switches = (self.switches + [(cells, seconds)])[-16:]
 
+    def unprobed(self, engine: EngineView, candidates: set[KVSetting]) -> list[KVSetting]:
+        """The candidate KV types a forecast has no step time of this machine for: never probed, and not
+        run long enough for a fit of their own."""
+        return sorted((k for k in candidates - set(self.probes)
+                       if (own := engine.analysis.fit(k)) is None or own.samples < MIN_OWN_FIT_SAMPLES), key=str)
+
     def probe_missing(self, engine: EngineView, base_kv: KVSetting, candidates: set[KVSetting],
-                      cost: Spending) -> list[TuneEvent]:
+                      cost: Spending, source: Agent | None = None) -> list[TuneEvent]:
         """Times each candidate KV type that has not run against the run's own (base_kv), once per run, at
         the widest batch a candidate can have: a forecast of switching to it needs its step time on this
-        machine. Its seconds are the tuner's probe cost."""
+        machine. source: an agent whose history in the live cache the side caches are given, converted
+        (engine/measure/kv_probe.py), rather than prefilling one. Its seconds are the tuner's probe cost."""
         out: list[TuneEvent] = []
-        kvs = candidates - set(self.probes)
         ctx = [a.context for a in engine.agents]
-        for k in sorted(kvs, key=str):
-            if (own := engine.analysis.fit(k)) is not None and own.samples >= MIN_OWN_FIT_SAMPLES:
-                continue
+        for k in self.unprobed(engine, candidates):
             long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
             try:
                 t0 = time.perf_counter()
                 try:
-                    p = probe_kv(engine.backend, base_kv, k, len(engine.agents), long)
+                    if source is None:
+                        p = probe_kv(engine.backend, base_kv, k, len(engine.agents), long)
+                    else:
+                        p = probe_kv_converted(engine.backend, base_kv, k, len(engine.agents), source.seq,
+                                               min(long, source.context))
                 finally:
                     cost.probe_s += time.perf_counter() - t0
-            except (UserError, NoKVSlot, RuntimeError, ValueError) as e:
+            except (UserError, NoKVSlot, RuntimeError, ValueError, Unconvertible) as e:
                 self.probes[k] = None
                 if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
                     self.refused.add(k)
@@ -103,8 +120,9 @@ class Measured:
             what = (f"attention {per_token:.2f}x per token, the rest {fixed:.2f}x" if p.split else
                     f"the whole step {fixed:.2f}x (attention too small here to time apart)")
             figures = {k: v for k, v in p.record().items() if k not in ("kv", "base_kv")}
+            how = "" if source is None else f" on agent {source.id}'s history, converted,"
             out.append(Probed(kv=p.kv, base_kv=p.base_kv, figures=figures,
-                              why=f"tune: timed KV {k} against {base_kv} in a side cache ({p.wall_s:.1f} s, batch "
+                              why=f"tune: timed KV {k} against {base_kv} in a side cache{how} ({p.wall_s:.1f} s, batch "
                                   f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
         return out
 
@@ -144,6 +162,30 @@ class Measured:
                     power_per_agent_watts=0.0, source="calibrated on this run (modeled)", layers=f.bytes_model,
                     host_link_bytes_per_s=swap_bw)
         return CalibratedSim(prof, fits, prefills, engine.s.kv)
+
+    @staticmethod
+    def history_to_probe(engine: EngineView) -> Agent | None:
+        """The agent whose history a probe by conversion is given: the longest one held in the live cache
+        from position 0, once one holds twice the probe's short point (so that the two points differ);
+        None before."""
+        b = engine.backend
+        held = [a for a in engine.agents if a.residency is Residency.CACHE and a.seq < b.n_seqs
+                and a.context >= 2 * SHORT_CONTEXT]
+        src = max(held, key=lambda a: a.context, default=None)
+        if src is None or b.cells(src.seq) != (0, src.context - 1):
+            return None
+        return src
+
+    def convert_probe_s(self, engine: EngineView, base_kv: KVSetting, kvs: list[KVSetting], tokens: int,
+                        step_s: float) -> float:
+        """What probing kvs on a history of `tokens`, converted, is expected to take before it runs: per type
+        a new context, the history converted and restored (at the rate this run's conversions measured, else
+        CONVERT_BYTES_PER_S), and its decode points at step_s a step (the swarm's latest)."""
+        bm = engine.facts.bytes_model
+        rate = sum(b_ for b_, _ in self.convert) / sum(s for _, s in self.convert) if self.convert \
+            else getattr(engine.backend, "convert_bytes_per_s", CONVERT_BYTES_PER_S)
+        per_type = SWITCH_FIXED_S + 2 * bm.kv_cache_bytes(base_kv, tokens) / rate + PROBE_STEPS * step_s
+        return (len(kvs) + 1) * per_type
 
     def switch_s(self, engine: EngineView, kv: KVSetting) -> float:
         """What one KV switch from kv is expected to cost: its rebuild, at the rate this run's switches

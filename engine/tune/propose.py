@@ -66,10 +66,11 @@ class Proposer:
                          turn_shape(engine))
 
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool, explored_s: float,
-                steps_at_cur: list[StepRecord]) -> tuple[Experiment, Trial] | None:
+                steps_at_cur: list[StepRecord], probe_pending: bool = False) -> tuple[Experiment, Trial] | None:
         """The neighbour the forecasts rank best, as an experiment and its record; None where none is worth
-        one. kv_only: only the KV types; explored_s: what exploratory experiments took so far; steps_at_cur:
-        the incumbent's last steps, whose noise the experiment starts with."""
+        one. kv_only: only the KV types; explored_s: what exploratory experiments (and probes) took so far;
+        probe_pending: a probe by conversion is still to come (no exploration before it); steps_at_cur: the
+        incumbent's last steps, whose noise the experiment starts with."""
         n = len(engine.agents)
         now = engine.now_s()
         mean_ctx = mean_context([a.context for a in engine.agents])
@@ -112,6 +113,10 @@ class Proposer:
         max_pairs = self.goal.max_pairs if left_s == math.inf else min(
             self.goal.max_pairs, max(MIN_PAIRS, int((left_s / 3) / (2 * block_s))))
         explore: tuple[float, float, float] | None = None
+        if exploratory and probe_pending:
+            # a KV type is about to be timed on the swarm's own history (engine/tune/tuner.py): an exploration
+            # now would hold the probe off (it waits for no experiment) and spend the budget it needs
+            return None
         if exploratory:
             # an experiment the forecast cannot back: only while exploring has taken at most explore_share of
             # the run (of the horizon where the run's length is unknown), counting an experiment at its least

@@ -18,9 +18,11 @@ seconds and cells, and the tokens its experiments cost. This class wires those p
 moves between records: the experiment under way, the epoch, the recent steps, the switch in flight.
 """
 
+import math
 import time
 
 from swarmtune.engine.engine_view import EngineView
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import MIN_PAIRS
@@ -34,7 +36,7 @@ from swarmtune.engine.tune.recent import RecentSteps
 from swarmtune.engine.tune.tally import SpanTally
 from swarmtune.engine.tune.trials import Trials, setting_of
 from swarmtune.engine.tune.verdict import Judge
-from swarmtune.engine.tune_events import Experimented, Trial, TuneEvent
+from swarmtune.engine.tune_events import Experimented, Probed, Trial, TuneEvent
 
 
 class Tuner:
@@ -68,6 +70,8 @@ class Tuner:
         self._epoch_start_s: float | None = None
         self._looked = False
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
+        self._convert_tried = False  # a probe by conversion was weighed (engine/tune/measured.py): once a run
+        self._step_s: float | None = None  # the latest decode step's seconds: a probe's estimate
         self.checks.restart()
         self.trials.restart()  # the experiment under way, the switch in flight
         self._recent = RecentSteps()  # the noise an experiment starts with
@@ -85,6 +89,8 @@ class Tuner:
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
             # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
+        elif self._looked and engine.backend.source != "simulated" and not self._convert_tried:
+            out += self._probe_converted(engine, rec, now)
         out += quality_guard(self.goal, engine, self.trials, self.proposer)
         self.checks.drop_moved(self.setting(engine))
         self.checks.observe(rec, self.goal)
@@ -177,12 +183,51 @@ class Tuner:
 
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
         """An experiment, where the proposer finds one worth it: it starts with the next record."""
-        proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._recent.at(cur))
+        proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._recent.at(cur),
+                                         probe_pending=self._probe_pending(engine, cur))
         if proposed is None:
             return None
         self.trials.exp, trial = proposed
         self.cost.experiments += 1
         return trial
+
+    def _probe_converted(self, engine: EngineView, rec: StepRecord, now: float) -> list[TuneEvent]:
+        """A run too short for prefilled probes: once an agent holds a history, the KV types no forecast has
+        this machine's step time for are timed on it, converted (a sixth of a prefilled probe's seconds on a
+        2-core CPU: docs/tuner.md), where its estimate fits in the exploration budget (what it took is
+        counted there, as an experiment's blocks are); then a look at once, on what it measured. Once a run."""
+        if rec.kind == "decode" and rec.seconds > 0:
+            self._step_s = rec.seconds
+        if self.trials.exp is not None or self.trials.switching or self._step_s is None:
+            return []
+        cur = self.setting(engine)
+        kvs = self._convertible_unprobed(engine, cur)
+        src = self.measured.history_to_probe(engine) if kvs else None
+        if src is None:
+            return []
+        self._convert_tried = True
+        estimate_s = self.measured.convert_probe_s(engine, cur.kv, kvs, src.context, self._step_s)
+        whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
+        left_s = math.inf if self.goal.run_s is None else self.goal.run_s - now
+        if self.trials.explored_s + estimate_s > self.goal.explore_share * whole or left_s < 2 * estimate_s:
+            return []
+        before = self.cost.probe_s
+        out = self.measured.probe_missing(engine, cur.kv, set(kvs), self.cost, source=src)
+        self.trials.explored_s += self.cost.probe_s - before
+        if any(isinstance(e, Probed) and e.error is None for e in out):
+            out += self._look(engine, engine.now_s(), kv_only=True)
+        return out
+
+    def _convertible_unprobed(self, engine: EngineView, cur: Setting) -> list[KVSetting]:
+        """The candidate KV types a probe by conversion would time (none where one cannot be converted to)."""
+        kvs = self.measured.unprobed(engine, {c.kv for c in self.candidates(engine, cur)} - {cur.kv})
+        return [] if any(engine.backend.can_convert(cur.kv, k) is not None for k in kvs) else kvs
+
+    def _probe_pending(self, engine: EngineView, cur: Setting) -> bool:
+        """A probe by conversion is still to come: a run too short for prefilled probes, a candidate KV type
+        not timed, and the swarm's history not yet long enough to time it on."""
+        return (not self._convert_tried and engine.backend.source != "simulated" and not self.goal.probes_pay()
+                and bool(self._convertible_unprobed(engine, cur)))
 
     def _probe_missing(self, engine: EngineView, cur: Setting) -> list[TuneEvent]:
         kvs = {c.kv for c in self.candidates(engine, cur)} - {cur.kv}
