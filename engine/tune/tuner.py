@@ -125,13 +125,15 @@ class Tuner:
             out += self._look(engine, engine.now_s(), kv_only=True)
         return out
 
-    def _look(self, engine: EngineView, now: float, kv_only: bool = False) -> list[TuneEvent]:
+    def _look(self, engine: EngineView, now: float, kv_only: bool = False, probed: bool = False) -> list[TuneEvent]:
         """Forecast staying (checked later against what comes) and propose: an experiment, or nothing.
-        kv_only: weigh only the KV types (a look before the first step)."""
+        kv_only: weigh only the KV types (a look before the first step, or on a probe just made). probed: the
+        look on what a probe just measured, taken whatever was thought before (once a run, the KV types
+        only; its seconds are counted as any look's, and the looks after it wait for the average)."""
         self._looked = True
         self._epoch_start_s = now
         self._young_look = False
-        if self.forecaster.thinking_spent(now):
+        if self.forecaster.thinking_spent(now) and not probed:
             self.cost.looks_skipped += 1
             return []
         if self.goal.run_s is not None and self.goal.run_s - now < max(
@@ -215,7 +217,9 @@ class Tuner:
         out = self.measured.probe_missing(engine, cur.kv, set(kvs), self.cost, source=src)
         self.trials.explored_s += self.cost.probe_s - before
         if any(isinstance(e, Probed) and e.error is None for e in out):
-            out += self._look(engine, engine.now_s(), kv_only=True)
+            # the KV types' first forecasts on this machine's figures: what the probe was for, not to be
+            # skipped for the looks before it (which could not try an untimed type)
+            out += self._look(engine, engine.now_s(), kv_only=True, probed=True)
         return out
 
     def _convertible_unprobed(self, engine: EngineView, cur: Setting) -> list[KVSetting]:
