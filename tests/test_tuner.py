@@ -333,7 +333,12 @@ def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(l
 
     recs = [e.step() for _ in range(12)]
     assert not probed(recs) and not e.tuner._convert_tried  # nothing to time it on yet
-    while not probed(recs) and len(recs) < 400:
+    while not e.tuner._convert_tried and len(recs) < 400:
+        looks = e.tuner.cost.looks
+        recs.append(e.step())
+    assert e.tuner.cost.probe_s > 0
+    assert e.tuner.cost.looks == looks + 1  # the look on what it measured, with the step that probed
+    while not probed(recs) and len(recs) < 400:  # its record follows
         recs.append(e.step())
     assert len(probed(recs)) == 1, [r.note for r in recs if r.kind == "tune"]
     p = probed(recs)[0]
