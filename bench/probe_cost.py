@@ -3,11 +3,12 @@
 The tuner times a candidate KV type in a side cache before it forecasts a switch to it
 (engine/measure/kv_probe.py): the run's own type and the candidate each prefill a history of `long`
 tokens there and decode a few steps at it. On a 2-core CPU that is seconds, too dear for a short run, so a
-short run never tries a type it has not timed (docs/tuner.md). This bench puts beside it a probe that
-prefills nothing: one agent's history, already in the live cache, saved, converted to the candidate type
-(engine/backends/kv_convert.py) and restored into the side cache, for each type; then both probes time the
-same decode points (engine/measure/kv_probe.py's decode_points: the history and a short one at the batch,
-and the short one alone), so they differ only in how the history gets into the side cache. Both run on
+run under ten minutes does not make it (docs/tuner.md). This bench puts beside it a probe that
+prefills nothing (the one a short run uses): one agent's history, already in the live cache, saved,
+converted to the candidate type (engine/backends/kv_convert.py) and restored into the side cache, for each
+type; then both probes time the same decode points (engine/measure/kv_probe.py's decode_points: the
+history and a short one at the batch, and the short one alone), so they differ only in how the history
+gets into the side cache. Both run on
 the same live swarm, alternated, `--rounds` times; each prints its wall seconds and the decode ratio it
 measured (the candidate's step over the base's at the long context), so that a cheaper probe can be seen
 to measure the same thing.
@@ -31,34 +32,33 @@ from machine import cpu_name  # noqa: E402  (bench/, next to this script)
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
 from swarmtune.engine.kv_types import F16, KVSetting  # noqa: E402
-from swarmtune.engine.measure.kv_probe import STEPS, WARMUP, decode_points, probe_kv  # noqa: E402
+from swarmtune.engine.measure.kv_probe import STEPS, WARMUP, probe_kv, probe_kv_converted  # noqa: E402
 from swarmtune.engine.measure.probe import fill  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
 
 def conversion_probe(b: LlamaBackend, base: KVSetting, kv: KVSetting, batch: int, long: int) -> tuple[float, float]:
-    """(wall seconds, candidate's decode step over the base's at `long`): sequence 0 of the live cache
-    (holding `long` tokens at `base`) saved once, converted for the candidate, restored into a side cache
-    of each type and copied to `batch` sequences there; no prefill."""
+    """(wall seconds, the candidate's decode step over the base's at `long`): the tuner's probe on a
+    converted history (kv_probe.probe_kv_converted) of sequence 0 of the live cache, which holds `long`
+    tokens at `base`; no prefill."""
     t0 = time.perf_counter()
-    saved, _, _ = b.save_seq(0)
-    step = {}
-    for k in (base, kv):
-        handle = saved if k == base else b.convert_saved(saved, k)[0]
-        with b.side_cache(k, batch, long + STEPS + WARMUP + 8):
-            b.restore_seq(0, handle)
-            step[k] = next(s for bb, c, s in decode_points(b, batch, long) if bb == batch and c > long)
-    return time.perf_counter() - t0, step[kv] / step[base]
+    p = probe_kv_converted(b, base, kv, batch, 0, long)
+    wall = time.perf_counter() - t0
+    return wall, _long_ratio(p.decode, base, kv, batch, long)
 
 
 def prefill_probe(b: LlamaBackend, base: KVSetting, kv: KVSetting, batch: int, long: int) -> tuple[float, float]:
-    """(wall seconds, the same ratio): the tuner's probe as it is."""
+    """(wall seconds, the same ratio): the tuner's probe that prefills a history in each side cache."""
     t0 = time.perf_counter()
     p = probe_kv(b, base, kv, batch, long)
     wall = time.perf_counter() - t0
-    at = {k: next(s for bb, c, s in p.decode[k] if bb == batch and c > long) for k in (base, kv)}
-    return wall, at[kv] / at[base]
+    return wall, _long_ratio(p.decode, base, kv, batch, long)
+
+
+def _long_ratio(decode: dict, base: KVSetting, kv: KVSetting, batch: int, long: int) -> float:
+    at = {k: next(s for bb, c, s in decode[k] if bb == batch and c > long) for k in (base, kv)}
+    return at[kv] / at[base]
 
 
 def main() -> None:
