@@ -17,12 +17,12 @@ Conditions (nobody tuned the tuner on them): the simulated workload on two profi
 whose tuner's model is mis-stated (the card runs one profile, the tuner forecasts with another: bandwidth,
 compute or a KV type's cost off by 30-40%, and one where q8_0's KV read costs 2.5x its bytes, so that the
 model's sign is wrong); the real model at 2 and 1 threads, two seeds and a second KV budget; a workload
-whose best setting changes as it runs (read, write, read); with --avx2-python, the first real condition in
-an environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh). Each condition prints its
-ratios against the best static setting and against the starting one, and its outcomes counted
-agree / disagree / no verdict (each in its own column); the last lines are the worst of each:
-`worst vs start: X` and `ratio: X` (the worst against the best static), the changing workload's line
-before them. --figure writes the objective over time (the tuner's decisions marked).
+whose best setting changes as it runs (read, write, read; each run the same turns, timed); with
+--avx2-python, the first real condition in an environment whose llama.cpp is built for AVX2 alone
+(bench/avx2_env.sh). Each condition prints its ratios against the best static setting and against the
+starting one, and its outcomes counted agree / disagree / no verdict (each in its own column); the last
+lines are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static), the
+changing workload's line before them. --figure writes the objective over time (the tuner's decisions marked).
 
     python bench/autotune.py                       # every condition (~60 min on a 2-core box)
     python bench/autotune.py --only sim            # the simulated conditions
@@ -44,6 +44,8 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 
 from machine import cpu_name  # bench/, next to this script
 
+from swarmtune.engine.agents.agent_source import TrafficShape
+from swarmtune.engine.agents.workload import Workload
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.kv_types import KVSetting
@@ -73,16 +75,61 @@ REAL = dict(seconds=64.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_toke
             kv_budget_mb=120.0, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",))
 # a swarm whose best setting changes as it runs (the default model, this CPU, no KV budget): agents that read
 # large tool results (prefill-heavy: on a CPU with AMX q8_0's prefill slows 3.6x faster with position than
-# f16's) and then write long answers (decode-heavy: q8_0's attention costs 0.3-0.45x f16's), in turn
+# f16's) and then write long answers (decode-heavy: q8_0's attention costs 0.3-0.45x f16's), in turn.
+# Every run does the same work: each agent's own turns go through the phases (its turns 0-2 read, 3-4 write,
+# 5-7 read; then it is done) and the run ends when every agent is, so a faster run ends sooner. A run of
+# fixed seconds whose phases changed at a time did different work on each side (identical static runs
+# differed by 30-60%). `seconds` is what the tuner is told the run lasts until the start's first run is
+# timed, and a run's limit is 3x what it is told.
 CHANGING = dict(seconds=105.0, agents=8, tool_latency_s=0.5, gen_tokens=16, tool_tokens=384, ctx=2048,
-                kv_budget_mb=None, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",),
-                phases=[(0.0, dict(gen_tokens=16, tool_tokens=384)), (35.0, dict(gen_tokens=192, tool_tokens=16)),
-                        (70.0, dict(gen_tokens=16, tool_tokens=384))])
+                kv_budget_mb=None, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",), turns_per_agent=8,
+                turn_phases=[(0, dict(gen_tokens=16, tool_tokens=384)), (3, dict(gen_tokens=192, tool_tokens=16)),
+                             (5, dict(gen_tokens=16, tool_tokens=384))])
+
+
+class PhasedWorkload(Workload):
+    """The seeded swarm, each agent's turns shaped by how many it has finished (turn_phases: from which of
+    its turns a shape holds); after turns_per_agent it waits for good (as for a client that never returns).
+    The forecasts see the shape most agents are in now, as a served swarm's present traffic."""
+
+    def __init__(self, backend, w: dict, seed: int) -> None:
+        first = w["turn_phases"][0][1]
+        super().__init__(backend, seed, first["gen_tokens"], first["tool_tokens"], w["tool_latency_s"])
+        self.phases, self.turns, self.agents = w["turn_phases"], w["turns_per_agent"], w["agents"]
+        self.done: dict[int, int] = {}  # agent id -> its finished turns
+
+    def shape(self, k: int) -> dict:
+        return next(p for start, p in reversed(self.phases) if k >= start)
+
+    def turn_limit(self, agent) -> int:
+        return self.shape(self.done.get(agent.id, 0))["gen_tokens"]
+
+    def end_turn(self, agent, now_s: float = 0.0) -> None:
+        k = self.done[agent.id] = self.done.get(agent.id, 0) + 1
+        if k >= self.turns:
+            agent.turn_ended()
+            agent.wait_for_client()
+            return
+        self.gen_tokens, self.tool_tokens = self.shape(k)["gen_tokens"], self.shape(k)["tool_tokens"]
+        super().end_turn(agent, now_s)
+
+    def finished(self) -> bool:
+        return sum(min(k, self.turns) for k in self.done.values()) >= self.agents * self.turns
+
+    def traffic(self) -> TrafficShape:
+        ks = sorted(self.done.get(i, 0) for i in range(self.agents))
+        now = self.shape(ks[len(ks) // 2])
+        return TrafficShape(now["gen_tokens"], now["tool_tokens"], self.tool_latency_s)
+
+
 # 2 and 1 threads, two seeds, two KV budgets: two conditions that differ in all three
 REAL_CONDITIONS = [dict(threads=2, seed=1, kv_budget_mb=120.0), dict(threads=1, seed=2, kv_budget_mb=60.0)]
 
 
-def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, seed: int) -> dict:
+def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, seed: int,
+        run_s: float | None = None) -> dict:
+    """One run: `w["seconds"]` of the engine's clock, or, with `w["turn_phases"]`, until every agent has
+    finished its turns (run_s: what the tuner is told such a run lasts)."""
     backend = make_backend()
     budget = w.get("kv_budget_mb")
     p = getattr(backend, "profile", None)
@@ -92,15 +139,15 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
                        kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
                        tool_latency_s=w["tool_latency_s"], check=False)
     # the run's length is known here: the tuner plans for what is left of it
-    tuner = Tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=w["seconds"])) if tuned else None
-    e = Engine(backend, s, tuner=tuner, autotune=tuned)
+    told_s = run_s or w["seconds"]
+    tuner = Tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=told_s)) if tuned else None
+    phased = PhasedWorkload(backend, w, seed) if "turn_phases" in w else None
+    e = Engine(backend, s, tuner=tuner, autotune=tuned, agents=phased)
     e.start()
     tokens, series, decisions = 0, [], []
     next_mark = 0.0
-    phases = list(w.get("phases", []))
-    while e.now_s() < w["seconds"]:
-        while phases and e.now_s() >= phases[0][0]:
-            e.set_workload(**phases.pop(0)[1])
+    limit_s = 3 * told_s if phased else w["seconds"]
+    while e.now_s() < limit_s and not (phased and phased.finished()):
         r = e.step()
         if r.kind == "decode":
             tokens += r.tokens
@@ -116,6 +163,7 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
     cost = getattr(tuner, "cost", None)
     out = {"cap": cap, "kv": kv, "residency": residency, "tuned": tuned, "tokens": tokens,
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
+           "turns": None if phased is None else sum(phased.done.values()),
            "final": {"cap": e.s.batch_cap, "kv": e.s.kv.label, "residency": e.s.residency},
            "cost": None if cost is None else cost.to_json()}
     e.meter.close()  # the backend stays open: the next run of this workload opens its cache again
@@ -136,11 +184,16 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
     runs: dict[tuple, list[dict]] = {}
 
     def one(cap: int, kv: str, res: str, tuned: bool, k: int) -> None:
-        r = run(make_backend, w, cap, kv, res, tuned, seed)
+        # a run of fixed work: the tuner is told the start's mean length so far (its first run goes first)
+        timed = [r["seconds"] for r in runs.get((*start, False), [])]
+        told_s = sum(timed) / len(timed) if "turn_phases" in w and timed else None
+        r = run(make_backend, w, cap, kv, res, tuned, seed, told_s)
         r["pass"] = k
         runs.setdefault((cap, kv, res, tuned), []).append(r)
         what = "tuner" if tuned else f"static cap {cap}, {kv}, {res}"
-        print(f"[{name}]   pass {k + 1}: {what}: {r['tokens_per_s']:.2f} tok/s ({source})", flush=True)
+        work = f", {r['turns']} turns" if r["turns"] is not None else ""
+        print(f"[{name}]   pass {k + 1}: {what}: {r['tokens_per_s']:.2f} tok/s ({r['tokens']} tokens in "
+              f"{r['seconds']:.1f} s{work}; {source})", flush=True)
 
     for k in range(passes):
         for (cap, kv, res), tuned in (order if k % 2 == 0 else order[::-1]):
@@ -320,6 +373,9 @@ def main() -> None:
         from swarmtune.engine.model.model_facts import read_model_facts
 
         backend = LlamaBackend(read_model_facts(default_model_path()))
+        # every turn generates its limit, as llama-batched-bench's do: where an end of generation was sampled
+        # (which a run's batches change), two runs of the same turns generated 2,361 and 3,115 tokens
+        backend.is_eog = lambda token: False  # type: ignore[method-assign]
         try:
             changing = workload("changing workload: read 384-token results, write 192-token answers, read",
                                 lambda: backend, CHANGING, 1, "measured")
