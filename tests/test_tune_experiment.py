@@ -146,3 +146,23 @@ def test_the_incumbents_own_noise_lets_one_pair_reject_but_never_keep():
     from swarmtune.engine.tune.experiment import MIN_NOISE_DIFFS
 
     assert _exp(model=_Model()).measure_noise(before[:10 * MIN_NOISE_DIFFS]) is None
+
+
+@pytest.mark.parametrize(("per_forecast_s", "judged"), [(0.02, True), (0.5, False)])
+def test_a_closed_pair_is_judged_past_the_thinking_budget_only_where_its_forecasts_are_cheap(per_forecast_s,
+                                                                                           judged):
+    """The thinking budget spent: a verdict's three forecasts are still made where, at what one has cost this
+    run, they take at most a tenth of the least a pair takes (here 2 x 1 s); a dear forecast waits."""
+    from swarmtune.engine.tune.cost import Spending
+    from swarmtune.engine.tune.verdict import Judge
+
+    goal = Goal(think_share=0.01)
+    cost = Spending(think_s=10 * per_forecast_s, forecasts=10)
+    fc = SimpleNamespace(cost=cost, thinking_spent=lambda now: cost.think_s > goal.think_share * (now + 10.0),
+                         horizon_at=lambda now: 60.0)
+    engine = SimpleNamespace(now_s=lambda: 5.0)
+    judge = Judge(goal, fc)  # type: ignore[arg-type]
+    assert fc.thinking_spent(5.0)
+    assert judge.may_think(engine, _exp(), 3) is judged  # type: ignore[arg-type]
+    cost.think_s = 0.0  # within the budget any verdict thinks
+    assert not fc.thinking_spent(5.0) and judge.may_think(engine, _exp(), 3)  # type: ignore[arg-type]

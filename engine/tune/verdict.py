@@ -21,6 +21,11 @@ MAX_BLOCK_EPOCHS = 2.0
 # within this of what its model said (beyond the measured bounds): a 5% step-time error moves a forecast
 # gain by about as much
 AGREE_STEP = 0.05
+# a closed pair is judged past the thinking budget where the verdict's forecasts cost at most this share of
+# the pair they may save: a verdict put off runs another pair, half of it at the worse setting, its switches
+# and churn (a 64 s run at 2 threads judged at 35-51 s what its third pair had measured by ~25 s, and each
+# forecast cost ~20 ms there against pairs of 3-7 s)
+VERDICT_SHARE = 0.1
 
 
 class Judge:
@@ -40,6 +45,14 @@ class Judge:
         if x.block_s > self.max_block_s(engine.now_s()):
             return False
         return self.goal.run_s is None or self.goal.run_s - engine.now_s() >= 2 * 2 * x.block_s
+
+    def may_think(self, engine: EngineView, x: Experiment, forecasts: int) -> bool:
+        """Within the thinking budget, or past it where `forecasts` forecasts, at what one has cost this run
+        (measured; modeled on the sim), cost at most VERDICT_SHARE of the least a pair takes."""
+        if not self.fc.thinking_spent(engine.now_s()):
+            return True
+        per_s = self.fc.cost.think_s / max(self.fc.cost.forecasts, 1)
+        return forecasts * per_s <= VERDICT_SHARE * 2 * x.block_s
 
     def judge(self, engine: EngineView, x: Experiment) -> str | None:
         """kept | rejected | gave up, or None for another pair. (For a KV type the objective's pairs are no
@@ -61,7 +74,7 @@ class Judge:
                 return "rejected"
             if obj.low is not None and math.log1p(obj.low) > x.bar:
                 return "kept"
-        elif not (self.fc.thinking_spent(engine.now_s()) and obj.pairs < x.max_pairs):
+        elif self.may_think(engine, x, 3) or obj.pairs >= x.max_pairs:
             # a KV type's factor is put on attention (what grows with the contexts) where its pairs could tell
             # it apart; until then it is not kept on the whole step alone (which says too little of longer
             # contexts), but may be rejected or given up on it
@@ -104,7 +117,7 @@ class Judge:
         if not kv_change or x.model is None:
             return "rejected" if obj is not None and obj.high is not None and math.log1p(obj.high) < x.bar else None
         dec = x.early_step_factor("decode")
-        if dec is None or self.fc.thinking_spent(engine.now_s()):
+        if dec is None or not self.may_think(engine, x, 1):
             return None
         pre = x.early_step_factor("prefill") or (1.0, 1.0, 1.0)
         t0, c0, f0 = time.perf_counter(), time.thread_time(), self.fc.cost.forecasts
