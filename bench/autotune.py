@@ -44,8 +44,10 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; i
 
 from machine import cpu_name  # bench/, next to this script
 
+from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.agents.agent_source import TrafficShape
 from swarmtune.engine.agents.workload import Workload
+from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.kv_types import KVSetting
@@ -92,7 +94,7 @@ class PhasedWorkload(Workload):
     its turns a shape holds); after turns_per_agent it waits for good (as for a client that never returns).
     The forecasts see the shape most agents are in now, as a served swarm's present traffic."""
 
-    def __init__(self, backend, w: dict, seed: int) -> None:
+    def __init__(self, backend: Backend, w: dict, seed: int) -> None:
         first = w["turn_phases"][0][1]
         super().__init__(backend, seed, first["gen_tokens"], first["tool_tokens"], w["tool_latency_s"])
         self.phases, self.turns, self.agents = w["turn_phases"], w["turns_per_agent"], w["agents"]
@@ -101,10 +103,10 @@ class PhasedWorkload(Workload):
     def shape(self, k: int) -> dict:
         return next(p for start, p in reversed(self.phases) if k >= start)
 
-    def turn_limit(self, agent) -> int:
+    def turn_limit(self, agent: Agent) -> int:
         return self.shape(self.done.get(agent.id, 0))["gen_tokens"]
 
-    def end_turn(self, agent, now_s: float = 0.0) -> None:
+    def end_turn(self, agent: Agent, now_s: float = 0.0) -> None:
         k = self.done[agent.id] = self.done.get(agent.id, 0) + 1
         if k >= self.turns:
             agent.turn_ended()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from swarmtune.engine.agents.agent import TAIL_CHARS, Agent
+from swarmtune.engine.agents.agent_source import TrafficShape
 from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.records import StepRecord
@@ -105,7 +106,7 @@ class Workload:
     def on_record(self, rec: StepRecord) -> None:
         pass  # the synthetic swarm has no requests to charge
 
-    def traffic(self) -> None:
+    def traffic(self) -> TrafficShape | None:
         return None  # its shape is the engine's settings
 
     def tool_latency(self, agent: Agent) -> float:
