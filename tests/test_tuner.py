@@ -246,6 +246,20 @@ def test_a_kv_type_whose_budget_cannot_hold_one_agent_is_no_candidate():
     _run(e, 60)  # and the run goes on: no forecast or decision raises out of the step
 
 
+def test_a_residency_experiments_blocks_last_at_least_a_tool_wait():
+    """Residency acts when an agent leaves for a tool and when it comes back: a block shorter than a wait
+    would put the swap-out in one side's block and the swap-in in the other's."""
+    e = _engine(Goal(**FAST), latency_s=5.0)
+    e.start()
+    cur = Setting(8, KV("f16"), "keep")
+    block = e.tuner.proposer.block_s
+    assert block(e, cur, dataclasses.replace(cur, residency="swap")) >= 5.0
+    assert block(e, cur, dataclasses.replace(cur, batch_cap=4)) == FAST.get("block_s", Goal().block_s)
+    quick = _engine(Goal(**FAST), latency_s=0.2)  # waits shorter than a block: the block as for any move
+    quick.start()
+    assert quick.tuner.proposer.block_s(quick, cur, dataclasses.replace(cur, residency="swap")) == Goal().block_s
+
+
 def _step(t: float, tokens: int = 4, seconds: float = 1.0):
     return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, tokens=tokens,
                            batch_ids=[0], joules=None, watts=None)
