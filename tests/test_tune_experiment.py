@@ -166,3 +166,30 @@ def test_a_closed_pair_is_judged_past_the_thinking_budget_only_where_its_forecas
     assert judge.may_think(engine, _exp(), 3) is judged  # type: ignore[arg-type]
     cost.think_s = 0.0  # within the budget any verdict thinks
     assert not fc.thinking_spent(5.0) and judge.may_think(engine, _exp(), 3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("proposed", "kept"), [(-0.059, False), (0.20, True)])
+def test_a_forecast_again_that_moved_past_its_error_on_steps_as_modeled_is_not_kept_on(proposed, kept):
+    """A cap trial whose steps measured exactly as its model said (factor 1.00) and whose pairs favour it:
+    forecast again at +21.5%, it is kept where the proposal forecast about as much, and not where the
+    proposal said -5.9% (the two forecasts differ only in the state they began from: that move is their
+    error, past the stated 14%)."""
+    from swarmtune.engine.tune.cost import Spending
+    from swarmtune.engine.tune.verdict import Judge
+
+    cap4 = Setting(4, KV("f16"), "keep")
+    x = Experiment(incumbent=A, candidate=cap4, goal=Goal(), n_agents=8, block_s=1.0, max_pairs=8, bar=0.01,
+                   forecast_gain=proposed, forecast_error=0.14, exploratory=True, model=_Model())
+    live, t = A, 0.0
+    while x.result().pairs < MIN_PAIRS:
+        t += 0.1  # every step as modeled; the candidate's make more tokens (its pairs favour it)
+        nxt = x.add(_rec(t, KV("f16"), 0.1, tokens=10 if live is cap4 else 8), live)
+        if nxt is not None:
+            live = x.setting_for(nxt)
+    assert x.step_factor("decode") is not None and x.step_factor("decode")[0] == pytest.approx(1.0)
+    cost = Spending()
+    fc = SimpleNamespace(cost=cost, thinking_spent=lambda now: False, horizon_at=lambda now: 60.0,
+                         corrected_gain=lambda engine, x, sc: math.log1p(0.215), think=lambda *a: None)
+    judge = Judge(Goal(), fc)  # type: ignore[arg-type]
+    verdict = judge.judge(SimpleNamespace(now_s=lambda: t), x)  # type: ignore[arg-type]
+    assert (verdict == "kept") is kept, verdict

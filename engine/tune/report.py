@@ -7,6 +7,7 @@ from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.propose import what
+from swarmtune.engine.tune.verdict import restated
 from swarmtune.engine.tune_events import Decision, Experimented, Spent, TuneEvent
 
 
@@ -28,6 +29,9 @@ def ended(x: Experiment, result: str, live: Setting, verdict: str | None, lost: 
                                    + ("" if pre is None else f", prefill {pre[0]:.2f}x"))
     again = "" if mid is None else f"; forecast again on them {math.expm1(mid):+.1%}" + (
         "" if unf is None else f" (at worst {math.expm1(unf):+.1%})")
+    if mid is not None and x.forecast_gain is not None and restated(x, mid) > math.log1p(x.forecast_error):
+        again += (f", {abs(math.expm1(mid) - x.forecast_gain) * 100:.1f} points from the proposal's on steps as "
+                  "modeled: that move counted as its error")
     words = {"kept": f"kept: past its bar {x.bar:+.1%}",
              "rejected": f"not kept: short of its bar {x.bar:+.1%}",
              "gave up": f"not kept: no verdict after {r.pairs} pairs (its budget, or its central estimate "
