@@ -4,9 +4,9 @@ that proposed it agrees with what the swarm measured; and what its steps taught 
 With the step times' pairs (engine/tune/experiment.py) the candidate's model is scaled by what they measured
 (each bound) and the rest of the run forecast again both ways: kept where even the unfavourable bound clears
 the bar and the forecast's own error (the larger of the stated one and, where the steps measured as modeled,
-how far the forecast again moved from the proposal's), rejected where even the favourable one falls short of the bar. A cap
-or a residency is kept only where the objective's own pairs agree, and rejected where they fall short at
-95%. Without step pairs (no model yet), the objective's pairs alone decide."""
+how far the forecast again moved from the proposal's), rejected where even the favourable one falls short
+of the bar. A cap or a residency is kept only where the objective's own pairs agree, and rejected where
+they fall short at 95%. Without step pairs (no model yet), the objective's pairs alone decide."""
 
 import math
 import time
