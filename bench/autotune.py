@@ -88,9 +88,10 @@ REAL = dict(seconds=64.0, agents=8, tool_latency_s=1.0, gen_tokens=64, tool_toke
 # 5-7 read; then it is done) and the run ends when every agent is, so a faster run ends sooner. A run of
 # fixed seconds whose phases changed at a time did different work on each side (identical static runs
 # differed by 30-60%). `seconds` is what the tuner is told the run lasts until the start's first run is
-# timed, and a run's limit is 3x what it is told. Five passes, not three: a tuner that holds still here spends
-# about 2% of a run looking and probing (measured, 2026-12-04), and three passes of static f16 spread 4.6%,
-# so three could not place the tuner against the bar of 0.97 (the same commit measured 0.951 and then 0.985).
+# timed, and a run's limit is 3x what it is told. Five passes, not three: a tuner that holds still here spent
+# about 2% of a run looking and probing, and three passes of static f16 spread 4.6% (measured on a 2-core
+# AMD EPYC, 2026-12-04), so three could not place the tuner against the bar of 0.97 (one commit measured
+# 0.951 and then 0.985).
 CHANGING = dict(seconds=105.0, runs=5, agents=8, tool_latency_s=0.5, gen_tokens=16, tool_tokens=384, ctx=2048,
                 kv_budget_mb=None, caps=(8,), kvs=("f16", "q8_0"), residencies=("keep",), turns_per_agent=8,
                 turn_phases=[(0, dict(gen_tokens=16, tool_tokens=384)), (3, dict(gen_tokens=192, tool_tokens=16)),
