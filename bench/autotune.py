@@ -43,6 +43,7 @@ import os
 import subprocess
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("SWARMTUNE_CHECK", "0")  # the cache check is for tests; it costs a real run's steps
@@ -138,9 +139,10 @@ REAL_CONDITIONS = [dict(threads=2, seed=1, kv_budget_mb=120.0), dict(threads=1, 
 
 
 def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, seed: int,
-        run_s: float | None = None) -> dict:
+        run_s: float | None = None, make_tuner: Callable[[Goal], Tuner] = Tuner) -> dict:
     """One run: `w["seconds"]` of the engine's clock, or, with `w["turn_phases"]`, until every agent has
-    finished its turns (run_s: what the tuner is told such a run lasts)."""
+    finished its turns (run_s: what the tuner is told such a run lasts; make_tuner: bench/tuner_cost.py's
+    tuners that do less)."""
     backend = make_backend()
     budget = w.get("kv_budget_mb")
     p = getattr(backend, "profile", None)
@@ -151,7 +153,7 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
                        tool_latency_s=w["tool_latency_s"], check=False)
     # the run's length is known here: the tuner plans for what is left of it
     told_s = run_s or w["seconds"]
-    tuner = Tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=told_s)) if tuned else None
+    tuner = make_tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=told_s)) if tuned else None
     phased = PhasedWorkload(backend, w, seed) if "turn_phases" in w else None
     e = Engine(backend, s, tuner=tuner, autotune=tuned, agents=phased)
     e.start()
