@@ -121,8 +121,17 @@ def main() -> None:
           f"probes; measured)", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"cpu": cpu_name(), "runs": {k: [{x: v for x, v in r.items() if x != "series"} for r in rs]
-                                                   for k, rs in runs.items()}}, f, indent=1)
+            json.dump(plain({"cpu": cpu_name(), "runs": {k: [{x: v for x, v in r.items() if x != "series"}
+                                                              for r in rs] for k, rs in runs.items()}}), f, indent=1)
+
+
+def plain(o: object) -> object:
+    """JSON's own types all through: a probe's figures are keyed by KV setting."""
+    if isinstance(o, dict):
+        return {str(k): plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [plain(v) for v in o]
+    return o
 
 
 if __name__ == "__main__":
