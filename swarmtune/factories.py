@@ -62,8 +62,10 @@ def make_backend(args: argparse.Namespace):
         from swarmtune.engine.backends.llama_backend import LlamaBackend
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
+    layers = getattr(args, "gpu_layers", None)
     return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
-                        measure_routing=True if getattr(args, "moe_routing", False) else None)
+                        measure_routing=True if getattr(args, "moe_routing", False) else None,
+                        n_gpu_layers=-1 if layers is None else layers, cpu_only=layers == 0)
 
 
 def check_flags(args: argparse.Namespace) -> None:

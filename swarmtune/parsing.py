@@ -143,6 +143,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-budget-mb", type=_finite("--kv-budget-mb"), default=None,
                    help="KV memory for the whole swarm (preempts beyond)")
     g.add_argument("--threads", type=_positive_int("--threads"), default=None)
+    g.add_argument("--gpu-layers", type=_whole("--gpu-layers"), default=None, metavar="N",
+                   help="layers offloaded to the build's GPU (default: all; 0 keeps the model, its cache and "
+                        "every op on the CPU). A CPU build offloads none")
     g.add_argument("--extra-bufts", action="store_true",
                    help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
     g.add_argument("--moe-routing", action="store_true",

@@ -21,6 +21,13 @@ import numpy as np
 
 from swarmtune.engine.backends.backend import BackendInfo, CacheMismatch, NoKVSlot
 from swarmtune.engine.backends.clock import Clock, WallClock
+from swarmtune.engine.backends.devices import (
+    Device,
+    device_handles,
+    free_bytes,
+    offload_devices,
+    why_cache_does_not_fit,
+)
 from swarmtune.engine.backends.kv_splice import Cells
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.conversation.chat_message import ChatMessage
@@ -39,7 +46,7 @@ def _log_lines_kept(level: int, text: bytes, user_data: ctypes.c_void_p) -> None
     # llama.cpp chatters on stderr; keep its lines (the KV size check reads them) and print none.
     line = text.decode("utf-8", errors="replace")
     # Keep warnings, errors and buffer sizes; the per-tensor graph chatter would crowd them out.
-    if level not in (2, 3) and "size" not in line:
+    if level not in (2, 3) and "size" not in line and "offloaded" not in line:
         return
     global _log_kept
     with _log_lock:
@@ -88,7 +95,10 @@ class LlamaBackend:
         flash_attn: bool = True,
         chunk_tokens: int = 256,
         measure_routing: bool | None = None,
+        cpu_only: bool = False,
     ) -> None:
+        """n_gpu_layers: layers offloaded to the build's first device (-1: all); cpu_only keeps the model,
+        its cache and every op on the CPU even on a GPU build (the device lane's cross-check)."""
         self.facts = facts
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.flash_attn = flash_attn
@@ -96,11 +106,20 @@ class LlamaBackend:
         self.use_extra_bufts = default_use_extra_bufts() if use_extra_bufts is None else use_extra_bufts
         self._stack = ExitStack()
         mp = ll.llama_model_default_params()
+        self._devices = device_handles(cpu_only)  # kept referenced: llama.cpp reads the list at load time
+        if self._devices is not None:
+            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            n_gpu_layers = 0
         mp.n_gpu_layers = n_gpu_layers
         mp.use_extra_bufts = self.use_extra_bufts
+        found = [] if cpu_only or n_gpu_layers == 0 else offload_devices()
+        # the device a single-device model's offloaded layers and their cache live on
+        self.device: Device | None = found[0] if found else None
+        log_mark = llama_log_mark()
         model = ll.llama_model_load_from_file(facts.path.encode(), mp)
         if not model:
             raise UserError(f"llama.cpp could not load {facts.path}")
+        self.offloaded_layers = offloaded_layers(llama_log_since(log_mark)) if self.device else 0
         self.model = model
         self._stack.callback(ll.llama_model_free, model)
         self.vocab = ll.llama_model_get_vocab(model)
@@ -139,10 +158,12 @@ class LlamaBackend:
         self.last_distinct_experts: list[int] | None = None
         self.info = BackendInfo(
             name="llama.cpp",
-            device=self._device(),
+            device=self.device.label if self.device else self._cpu(),
             versions={"llama_cpp_python": ll.__version__},
             settings={"n_threads": self.n_threads, "flash_attn": flash_attn, "use_extra_bufts": self.use_extra_bufts,
-                      "n_gpu_layers": n_gpu_layers, "kv_unified": False, "chat_template": self.chat_template,
+                      "n_gpu_layers": n_gpu_layers, "offloaded_layers": self.offloaded_layers,
+                      "device": self.device.to_dict() if self.device else None,
+                      "kv_unified": False, "chat_template": self.chat_template,
                       "swa_full": False, "moe_routing": "measured" if self.routing else "modeled"},
         )
 
@@ -162,15 +183,14 @@ class LlamaBackend:
         return len(ids) == 1 and self.piece(ids[0]) == text
 
     @staticmethod
-    def _device() -> str:
-        if ll.llama_supports_gpu_offload():
-            return "GPU offload build (" + (platform.processor() or platform.machine()) + " host)"
+    def _cpu() -> str:
         return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
 
     # the cache
     def _new_context(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
         """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
         or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
+        self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq)
         cp = ll.llama_context_default_params()
         cp.n_seq_max = n_seqs
         cp.n_ctx = n_seqs * ctx_per_seq
@@ -200,7 +220,24 @@ class LlamaBackend:
             self._batch_cap = cp.n_batch
         return ctx
 
+    def _refuse_what_the_device_cannot_hold(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
+        """A UserError, before llama.cpp is asked, where the cache would not fit the device: llama.cpp aborts
+        the process there instead of refusing (engine/backends/devices.py)."""
+        if self.device is None or self.offloaded_layers == 0:
+            return
+        bm = self.facts.bytes_model
+        n_batch = max(self.max_chunk_tokens, n_seqs)
+        total = sum(bm.llama_cpp_cache_bytes(kv, n_seqs, ctx_per_seq, n_batch).values())
+        cells = -(-n_seqs * ctx_per_seq // 256) * 256
+        per_layer = max(bm.kv_values_per_layer, default=0)  # K and V values a token adds in one layer
+        k_share = bm.k_share
+        tensor = int(cells * max(kv.k.bytes_for(per_layer * k_share), kv.v.bytes_for(per_layer * (1 - k_share))))
+        why = why_cache_does_not_fit(self.device, tensor, total, free_bytes(self.device))
+        if why is not None:
+            raise UserError(why)
+
     def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
+        self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq)  # the live cache stays where refused
         self._close_ctx()
         log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)
@@ -769,6 +806,17 @@ class _SavedSeq:
     nbytes: int
     kv: KVSetting
     rot: tuple[bool, ...] | None = None  # converted: the (K, V) rotation its rows are in
+
+
+def offloaded_layers(lines: list[str]) -> int:
+    """llama.cpp's own count at load time: "load_tensors: offloaded 3/3 layers to GPU"."""
+    for ln in reversed(lines):
+        if "offloaded" in ln and "layers to" in ln:
+            try:
+                return int(ln.split("offloaded", 1)[1].split("/", 1)[0])
+            except ValueError:
+                return 0
+    return 0
 
 
 def caches_from_log(lines: list[str]) -> dict[str, int]:
