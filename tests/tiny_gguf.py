@@ -229,3 +229,51 @@ def llama_dense(path: Path, chat_template: str, n_layer: int = 2) -> Path:
         t.ones(f"blk.{i}.ffn_norm.weight", N_EMBD)
         t.ffn(i)
     return t.finish()
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def llama_device(path: Path, n_layer: int = 2, seed: int = 0) -> Path:
+    """A dense Llama for the device lane, fast enough for a software device: head size 64 (every device
+    backend's flash attention has a kernel for it; Vulkan has none for the others' 32), grouped-query
+    attention (2 KV heads for 4), f16 matrices, a ChatML template. The attention weights are scaled so
+    that the next token depends strongly on the context: a cache holding the wrong cells moves the
+    next-token distribution by nats, not by rounding."""
+    n_embd, n_head, n_head_kv, head_dim, n_ff = 256, 4, 2, 64, 512
+    w = GGUFWriter(str(path), "llama")
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *ne: int, scale: float) -> None:
+        w.add_tensor(name, (rng.standard_normal(tuple(reversed(ne))) * scale).astype(np.float16))
+
+    w.add_name("tiny-llama-device")
+    w.add_block_count(n_layer)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_chat_template(CHATML)
+    _add_tokenizer(w)
+    tensor("token_embd.weight", n_embd, VOCAB, scale=0.3)  # tied: the output head too
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        tensor(f"blk.{i}.attn_q.weight", n_embd, n_head * head_dim, scale=0.1)
+        tensor(f"blk.{i}.attn_k.weight", n_embd, n_head_kv * head_dim, scale=0.1)
+        tensor(f"blk.{i}.attn_v.weight", n_embd, n_head_kv * head_dim, scale=0.1)
+        tensor(f"blk.{i}.attn_output.weight", n_head * head_dim, n_embd, scale=0.1)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        tensor(f"blk.{i}.ffn_gate.weight", n_embd, n_ff, scale=0.05)
+        tensor(f"blk.{i}.ffn_up.weight", n_embd, n_ff, scale=0.05)
+        tensor(f"blk.{i}.ffn_down.weight", n_ff, n_embd, scale=0.05)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
