@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+from llama_tools import engine_buffer_flags, tool_settings_line  # noqa: E402
 from serve_vs_llama_server import BATCH, build_llama_server, free_port, stop, wait_ready  # noqa: E402
 
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
@@ -64,7 +65,7 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
             cmd += ["--cache-reuse", "0"]
     else:
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(a.agents), "-c", str(a.agents * a.ctx),
-               "-ctk", "f16", "-ctv", "f16", "-t", str(a.threads), "-fa", "on", "--no-repack", "--no-webui",
+               "-ctk", "f16", "-ctv", "f16", "-t", str(a.threads), "-fa", "on", *engine_buffer_flags(), "--no-webui",
                "-b", str(BATCH), "-ub", str(BATCH)]
         if name.endswith("256"):
             cmd += ["--cache-reuse", "256"]
@@ -220,6 +221,7 @@ def main() -> int:
     print(f"traces: {', '.join(f'{n} ({len(t)} turns)' for n, t in all_traces.items())}; seed {a.seed}; "
           f"{a.agents} sequences of {a.ctx}; f16 KV; batch {BATCH}/{BATCH}; {a.threads} threads; "
           f"swarmtune --cache-reuse default {DEFAULT_MIN_TOKENS}", flush=True)
+    print(tool_settings_line(), flush=True)
     runs: dict[str, list[dict[str, list[TurnResult]]]] = defaultdict(list)
     for r in range(a.rounds):
         order = SERVERS[r % len(SERVERS):] + SERVERS[: r % len(SERVERS)]

@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_name  # bench/, next to this script
+from llama_tools import build_tool, engine_buffer_flags, tool_settings_line  # bench/, next to this script
+from machine import cpu_name
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.kv_types import KVSetting
@@ -42,9 +43,7 @@ SETTINGS = (KV("q8_0"), KV("q4_0"), KV("q8_0/f16"), KV("f16/q8_0"))
 
 
 def build_perplexity() -> str:
-    out = subprocess.run([str(HERE / "build_llama_server.sh"), "llama-perplexity"], check=True,
-                         stdout=subprocess.PIPE, text=True)
-    return out.stdout.strip().splitlines()[-1]
+    return build_tool("llama-perplexity")
 
 
 def llama_cpp_kld(binary: str, model: str, text: str, setting: KVSetting, base: Path, ctx: int, chunks: int,
@@ -53,7 +52,8 @@ def llama_cpp_kld(binary: str, model: str, text: str, setting: KVSetting, base: 
     against them."""
     k, v = setting.k.name, setting.v.name
     cmd = [binary, "-m", model, "-f", text, "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks),
-           "-t", str(threads), "-fa", "on", "-ctk", k, "-ctv", v, "--kl-divergence-base", str(base)]
+           "-t", str(threads), "-fa", "on", "-ctk", k, "-ctv", v, "--kl-divergence-base", str(base),
+           *engine_buffer_flags()]
     if setting != KV("f16"):
         cmd.append("--kl-divergence")
     t0 = time.perf_counter()
@@ -92,6 +92,7 @@ def main() -> None:
     text = str(Path(sysconfig.get_paths()["stdlib"]) / "argparse.py")
     print(f"CPU: {cpu_name()}, threads {a.threads}; model {Path(model).name}; "
           f"text {text} (Python {platform.python_version()}); windows of {a.ctx}, {a.chunks} of them", flush=True)
+    print(tool_settings_line(), flush=True)
 
     # swarmtune, in process
     backend = LlamaBackend(read_model_facts(model), n_threads=a.threads)

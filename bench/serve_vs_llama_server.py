@@ -39,6 +39,10 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path[:0] = [str(HERE)]
+
+from llama_tools import build_tool, engine_buffer_flags, tool_settings_line  # noqa: E402
+
 BATCH = 256  # swarmtune's n_batch = n_ubatch (its prefill chunk); llama-server is given the same
 PROMPT_TOLERANCE = 0.02  # the two sides' prompt tokens per turn may differ by this much (their replies' text)
 
@@ -154,7 +158,7 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
                str(a.agents), "--ctx", str(a.ctx), "--kv", a.kv, "--threads", str(a.threads)]
     else:
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(a.agents), "-c", str(a.agents * a.ctx),
-               "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", "--no-repack", "--no-webui",
+               "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", *engine_buffer_flags(), "--no-webui",
                "-b", str(BATCH), "-ub", str(BATCH)]
     env = dict(os.environ, SWARMTUNE_CHECK="0")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -177,8 +181,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def build_llama_server() -> str:
-    out = subprocess.run([str(HERE / "build_llama_server.sh")], check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
+    return build_tool("llama-server")
 
 
 def main() -> int:
@@ -208,6 +211,7 @@ def main() -> int:
           flush=True)
     print(f"batch sizes: both {BATCH}/{BATCH} (n_batch/n_ubatch); llama-server -np {a.agents} "
           f"-c {a.agents * a.ctx}; every turn generates {a.gen_tokens} tokens (ignore_eos)", flush=True)
+    print(tool_settings_line(), flush=True)
     runs: dict[str, list[Run]] = {"swarmtune": [], "llama-server": []}
     ab = (a.first, "llama-server" if a.first == "swarmtune" else "swarmtune")
     order = [name for r in range(a.rounds) for name in (ab if r % 2 == 0 else ab[::-1])]
