@@ -112,6 +112,19 @@ def test_the_backend_names_its_device_and_says_when_it_is_emulated(dev):
     assert dev.info.settings["device"]["emulated"] == d.emulated
     if "llvmpipe" in d.description:
         assert d.emulated and dev.info.device == "Vulkan: llvmpipe (CPU-emulated)"
+    # what the records and the status line carry: `llama.cpp on Vulkan: llvmpipe (CPU-emulated)`
+    e = Engine(dev, EngineSettings(**SETTINGS))
+    h = e.header()
+    assert (h["backend"], h["device"]) == ("llama.cpp", d.label)
+    assert h["settings"]["device"]["emulated"] == d.emulated and h["settings"]["offloaded_layers"] == N_LAYER + 1
+    from swarmtune.tui.stats import Stats
+    from swarmtune.tui.widgets.status import status_text
+
+    stats = Stats()
+    stats.header = h
+    text = status_text(stats, "", False).plain
+    assert f"llama.cpp on {d.label}" in text
+    assert ("CPU-emulated device" in text) == d.emulated
 
 
 def test_every_step_checked_and_each_agent_continues_its_own_text(dev, dev_fresh):
