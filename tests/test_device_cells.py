@@ -375,3 +375,16 @@ def test_a_cache_the_device_cannot_hold_is_refused_in_one_line_and_changes_nothi
     with pytest.raises(UserError, match="fewer agents"):  # what a KV switch or a rebuild calls
         dev.open(KV("f16"), 2, cells)
     assert (dev.cells(0), dev.kv, dev.n_seqs) == before
+
+
+def test_the_fit_check_names_the_largest_buffer_and_the_free_memory():
+    from swarmtune.engine.backends.devices import Device, why_cache_does_not_fit
+
+    gib = 1 << 30
+    d = Device("Vulkan", "Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "gpu", 2 * gib, 2 * gib, gib)
+    assert d.emulated and d.label == "Vulkan: llvmpipe (CPU-emulated)"
+    assert why_cache_does_not_fit(d, gib // 2, gib, 2 * gib) is None
+    assert "largest buffer (1.00 GiB)" in why_cache_does_not_fit(d, gib + 1, 2 * gib, 4 * gib)
+    assert "1.50 GiB free" in why_cache_does_not_fit(d, gib // 2, 2 * gib, 3 * gib // 2)
+    card = Device("CUDA", "CUDA0", "NVIDIA H100 80GB HBM3", "gpu", 80 * gib, 79 * gib, 80 * gib)
+    assert not card.emulated and card.label == "CUDA: NVIDIA H100 80GB HBM3"

@@ -81,9 +81,8 @@ def ctx_per_seq(contexts: list[int], tg: int) -> int:
 
 
 def run_tool(binary: str, model: str, kv: KVSetting, batch: int, contexts: list[int], tg: int, n_batch: int,
-             threads: int, ngl: int) -> tuple[dict[int, float], str]:
-    """One llama-batched-bench run at one batch over every context: {context: S_TG tok/s}, and the device it
-    named."""
+             threads: int, ngl: int) -> dict[int, float]:
+    """One llama-batched-bench run at one batch over every context: {context: S_TG tok/s}."""
     cmd = [binary, "-m", model, "-c", str(batch * ctx_per_seq(contexts, tg)), "-b", str(n_batch),
            "-ub", str(n_batch), "-ctk", kv.k.name, "-ctv", kv.v.name, "-fa", "on", "-ngl", str(ngl),
            "-t", str(threads), "-npp", ",".join(map(str, contexts)), "-ntg", str(tg), "-npl", str(batch),
@@ -97,12 +96,19 @@ def run_tool(binary: str, model: str, kv: KVSetting, batch: int, contexts: list[
         if line.startswith("{") and '"speed_tg"' in line:
             row = json.loads(line)
             out[int(row["pp"])] = float(row["speed_tg"])
-    m = re.search(r"using device (\S+) \(([^)]*\)?)\)", p.stderr)
-    device = f"{m.group(1)} ({m.group(2)})" if m else "CPU"
     missing = [c for c in contexts if c not in out]
     if missing:
         raise SystemExit(f"batched_bench: llama-batched-bench reported no row for contexts {missing}")
-    return out, device
+    return out
+
+
+def tool_device(binary: str, ngl: int) -> str:
+    """The device llama-batched-bench offloads to, as its --list-devices names it (the first one listed)."""
+    if ngl == 0:
+        return "CPU"
+    p = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, check=False)
+    m = re.search(r"^\s+(\w+): (.+?) \(\d+ MiB", p.stdout + p.stderr, re.MULTILINE)
+    return f"{m.group(1)}: {m.group(2)}" if m else "CPU (it lists no device)"
 
 
 def run_engine(backend, kv: KVSetting, batch: int, contexts: list[int], tg: int) -> dict[int, float]:
@@ -171,7 +177,15 @@ def main() -> int:
               "end and say nothing about a GPU.", flush=True)
 
     points = {(b, c): Point(b, c) for b in batches for c in contexts}
-    tool_device = ""
+    tool_on = tool_device(tool, ngl)
+    print(f"llama-batched-bench on {tool_on}", flush=True)
+    # one untimed pass of each side: a device compiles its kernels on first use (llvmpipe: minutes, cached
+    # by Mesa on disk), and neither side's first round should pay for them
+    t0 = time.perf_counter()
+    for b in batches:
+        run_tool(tool, model, kv, b, contexts, a.tg, max(a.chunk, b), a.threads, ngl)
+        run_engine(backend, kv, b, contexts, a.tg)
+    print(f"warm-up (untimed, both sides): {time.perf_counter() - t0:.1f} s", flush=True)
     for r in range(a.rounds):
         order = ("tool", "engine") if r % 2 == 0 else ("engine", "tool")
         for side in order:
@@ -179,7 +193,7 @@ def main() -> int:
             for b in batches:
                 n_batch = max(a.chunk, b)
                 if side == "tool":
-                    figs, tool_device = run_tool(tool, model, kv, b, contexts, a.tg, n_batch, a.threads, ngl)
+                    figs = run_tool(tool, model, kv, b, contexts, a.tg, n_batch, a.threads, ngl)
                     for c, v in figs.items():
                         points[(b, c)].tool_tok_s.append(v)
                 else:
@@ -188,7 +202,7 @@ def main() -> int:
             print(f"round {r + 1}: {side} in {time.perf_counter() - t0:.1f} s", flush=True)
     backend.close()
 
-    print(f"\ndecode tok/s, median (min-max) of {a.rounds} rounds; llama-batched-bench on {tool_device}, "
+    print(f"\ndecode tok/s, median (min-max) of {a.rounds} rounds; llama-batched-bench on {tool_on}, "
           f"engine on {backend.info.device}")
     print(f"{'B':>3s} {'context':>8s} {'llama-batched-bench':>26s} {'swarmtune engine':>26s}")
     for pt in points.values():
@@ -200,7 +214,7 @@ def main() -> int:
           "nothing" + (" (a software device: no GPU figure)" if backend.device and backend.device.emulated else ""))
     if a.json is not None:
         a.json.write_text(json.dumps({
-            "machine": cpu_name(), "engine_device": backend.info.device, "tool_device": tool_device,
+            "machine": cpu_name(), "engine_device": backend.info.device, "tool_device": tool_on,
             "emulated": bool(backend.device and backend.device.emulated), "model": Path(model).name,
             "kv": kv.label, "tg": a.tg, "threads": a.threads, "tool_flags": engine_buffer_flags(),
             "points": [{**asdict(pt), "ratio": pt.ratio()} for pt in points.values()]}, indent=1))
