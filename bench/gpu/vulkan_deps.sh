@@ -21,14 +21,21 @@ for pkg in libvulkan-dev glslc glslang-tools vulkan-tools spirv-headers; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 mesa=$(dpkg-query -W -f '${Version}' mesa-vulkan-drivers 2>/dev/null || true)
-case "$mesa" in 2[5-9].*|[3-9]*) ;; *) need+=("mesa-vulkan-drivers/bookworm-backports") ;; esac
-if [ ${#need[@]} -gt 0 ]; then
+new_mesa=1
+case "$mesa" in 2[5-9].*|[3-9]*) new_mesa=0 ;; esac
+if [ ${#need[@]} -gt 0 ] || [ "$new_mesa" -eq 1 ]; then
   bpo=/etc/apt/sources.list.d/bookworm-backports.list
   if grep -q bookworm /etc/os-release && ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d; then
     echo "deb http://deb.debian.org/debian bookworm-backports main" | $as_root tee "$bpo" >/dev/null
   fi
   $as_root apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  if [ ${#need[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  fi
+  if [ "$new_mesa" -eq 1 ]; then  # -t: its dependencies may come from backports too (a newer libdrm, say)
+    DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends \
+      -t bookworm-backports mesa-vulkan-drivers >&2
+  fi
 fi
 if [ ! -f "$dest/usr/include/vulkan/vulkan.hpp" ] || ! grep -q "LayerSettingEXT" -r "$dest/usr/include/vulkan" 2>/dev/null; then
   work=$(mktemp -d)
