@@ -31,6 +31,24 @@ class Control:
     residency: str | None = None
     autotune: bool | None = None
 
+    def __post_init__(self) -> None:
+        """Whoever embeds the engine builds controls in Python: each field is read or refused here, at the
+        call, in one line (a KV setting may be given as its spelling, "q8_0" or "q8_0/f16"). Unchecked,
+        a string where a setting belongs passed the call and failed later on the engine's thread."""
+        if isinstance(self.kv, str):
+            object.__setattr__(self, "kv", KVSetting.parse(self.kv))
+        elif self.kv is not None and not isinstance(self.kv, KVSetting):
+            raise UserError(f"kv must be a KV setting or its spelling, such as 'q8_0' (got {self.kv!r})",
+                            field="kv_type")
+        for name in ("batch_cap", "agents"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise UserError(f"{name.replace('_', ' ')} must be a whole number (got {v!r})", field=name)
+        if self.residency is not None and not isinstance(self.residency, str):
+            raise UserError(f"residency must be one of keep, swap, drop (got {self.residency!r})", field="residency")
+        if self.autotune is not None and not isinstance(self.autotune, bool):
+            raise UserError(f"autotune must be true or false (got {self.autotune!r})", field="autotune")
+
     def changes(self) -> dict[str, object]:
         """What it changes, by the engine's names."""
         # read on every step (the engine's state is its settings with a pending change over them): not
