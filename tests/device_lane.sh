@@ -24,8 +24,10 @@ wheel=$(ls "$wheels"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -1 || 
 if [ -z "$wheel" ]; then
   mkdir -p "$wheels"
   t0=$(date +%s)
+  # --no-cache-dir: pip's wheel cache is keyed by the sdist alone, not CMAKE_ARGS; after the main install it
+  # holds the CPU build of the same version, which it would hand back here
   CMAKE_ARGS="-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$include" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    python3 -m pip wheel --quiet --no-deps --no-binary llama-cpp-python -w "$wheels" "$pin"
+    python3 -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$wheels" "$pin"
   echo "device lane: built the Vulkan wheel of $pin in $(( $(date +%s) - t0 )) s"
   wheel=$(ls "$wheels"/llama_cpp_python-"$version"-*.whl | head -1)
 fi
