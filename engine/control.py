@@ -108,10 +108,13 @@ class Pending:
     A change stays pending while the engine applies it, so state() reads the same all along."""
 
     def __init__(self, settings: EngineSettings, budget_tokens: Callable[[KVSetting], int],
-                 autotune: Callable[[], bool | None]) -> None:
+                 autotune: Callable[[], bool | None],
+                 room: Callable[[KVSetting, int], str | None] | None = None) -> None:
         self.s = settings  # the engine's own
         self._budget_tokens = budget_tokens  # what the KV budget holds at a type
         self._autotune = autotune  # the tuner's switch in force; None: no tuner
+        # whether the device holds the cache a KV type and an agent count would rebuild (None: it fits)
+        self._room = room
         self._change = Control()
         self._lock = threading.Lock()
 
@@ -131,6 +134,10 @@ class Pending:
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
             if residency is not None:
                 check_residency(residency)
+            if self._room is not None and (kv is not None or agents is not None) and st.kv is not None:
+                why = self._room(kv if kv is not None else st.kv, n_agents)
+                if why is not None:
+                    raise UserError(why, field="kv_type" if kv is not None else "agents")
             self._change = self._change.then(c)
             return self._state()
 

@@ -64,7 +64,8 @@ class Engine:
         self.step_index = 0
         self.clock: Clock = backend.new_clock()  # the wall's, or a simulated card's modeled seconds
         # what was requested and not yet applied; the settings in force are self.s (and self.autotune)
-        self.pending = Pending(self.s, self.budget_tokens, lambda: None if self.tuner is None else self.autotune)
+        self.pending = Pending(self.s, self.budget_tokens, lambda: None if self.tuner is None else self.autotune,
+                               self._why_no_room)
         self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
         self.quality = quality  # engine/quality/quality_check.py: the live KV quality check, where there is one
         self.autotune = autotune and tuner is not None
@@ -148,6 +149,14 @@ class Engine:
         self.workload.start_task(a)
         self.agents.append(a)
         return a
+
+    def _why_no_room(self, kv: KVSetting, agents: int) -> str | None:
+        """Whether the device holds the cache this KV type and agent count would rebuild: refused at the
+        request, not in the rebuild (where the old type would need the new streams too)."""
+        slots = self.slots
+        while slots < agents:
+            slots *= 2  # as _apply_controls grows the streams
+        return self.backend.why_no_room(kv, slots, self.s.ctx_per_agent)
 
     def header(self) -> dict[str, object]:
         b = self.backend

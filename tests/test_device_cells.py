@@ -377,6 +377,32 @@ def test_a_cache_the_device_cannot_hold_is_refused_in_one_line_and_changes_nothi
     assert (dev.cells(0), dev.kv, dev.n_seqs) == before
 
 
+def test_a_control_that_would_outgrow_the_device_is_refused_at_the_request(dev, monkeypatch):
+    """Refused where it is asked, in one line, the engine as it was: in the rebuild it came too late (the
+    old KV type would need the new streams as well)."""
+    if dev.device is None:
+        pytest.skip("a CPU build: host memory, no device buffer to outgrow")
+    from dataclasses import replace
+
+    e = Engine(dev, EngineSettings(**SETTINGS))  # 4 streams of 512 cells
+    for _ in range(5):
+        e.step()
+    # this model's largest layer tensor, K at f16: 256 B a cell, 512 KiB for 4 x 512 cells. A device whose
+    # largest buffer is 768 KiB holds that, not 8 streams (what 6 agents take) and not f32
+    monkeypatch.setattr(dev, "device", replace(dev.device, max_buffer_bytes=768 << 10))
+    before = e.state()
+    with pytest.raises(UserError, match="largest buffer") as err:
+        e.request(Control(agents=6))
+    assert err.value.field == "agents" and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="largest buffer") as err:
+        e.request(Control(kv=KV("f32")))
+    assert err.value.field == "kv_type"
+    assert e.state() == before
+    e.request(Control(kv=KV("q8_0")))
+    assert e.step().kv_type == "q8_0"
+    e.step()
+
+
 def test_the_fit_check_names_the_largest_buffer_and_the_free_memory():
     from swarmtune.engine.backends.devices import Device, why_cache_does_not_fit
 

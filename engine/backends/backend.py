@@ -106,6 +106,10 @@ class Backend(Protocol):
     def why_no_shift(self) -> str | None:
         """None where cached cells can be moved to other positions (chunk reuse); else why not."""
 
+    def why_no_room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> str | None:
+        """None where the device can hold a cache of n_seqs streams of ctx_per_seq cells at kv in place of the
+        live one; else why not, in one line (asked before a control that would rebuild the cache)."""
+
     def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
         """Keep seq's first `keep` cells; each chunk's cells are saved apart first (one handle each), to be
         put back by paste() once the tokens before it are prefilled. [] where they cannot be."""

@@ -220,13 +220,11 @@ class LlamaBackend:
             self._batch_cap = cp.n_batch
         return ctx
 
-    def _refuse_what_the_device_cannot_hold(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int,
-                                            freed_bytes: int = 0) -> None:
-        """A UserError, before llama.cpp is asked, where the cache would not fit the device: llama.cpp aborts
-        the process there instead of refusing (engine/backends/devices.py). freed_bytes: what closing the
-        live cache first gives back."""
+    def _room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, freed_bytes: int) -> str | None:
+        """None where the cache fits the device; else why not. freed_bytes: what closing a cache first gives
+        back. llama.cpp aborts the process where it does not fit, instead of refusing (devices.py)."""
         if self.device is None or self.offloaded_layers == 0:
-            return
+            return None
         bm = self.facts.bytes_model
         n_batch = max(self.max_chunk_tokens, n_seqs)
         total = sum(bm.llama_cpp_cache_bytes(kv, n_seqs, ctx_per_seq, n_batch).values())
@@ -234,14 +232,23 @@ class LlamaBackend:
         per_layer = max(bm.kv_values_per_layer, default=0)  # K and V values a token adds in one layer
         k_share = bm.k_share
         tensor = int(cells * max(kv.k.bytes_for(per_layer * k_share), kv.v.bytes_for(per_layer * (1 - k_share))))
-        why = why_cache_does_not_fit(self.device, tensor, total, free_bytes(self.device) + freed_bytes)
+        return why_cache_does_not_fit(self.device, tensor, total, free_bytes(self.device) + freed_bytes)
+
+    def why_no_room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> str | None:
+        return self._room(kv, n_seqs, ctx_per_seq, self._live_bytes())
+
+    def _live_bytes(self) -> int:
+        return (self.kv_buffer_bytes or 0) if self.ctx is not None else 0
+
+    def _refuse_what_the_device_cannot_hold(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int,
+                                            freed_bytes: int = 0) -> None:
+        why = self._room(kv, n_seqs, ctx_per_seq, freed_bytes)
         if why is not None:
             raise UserError(why)
 
     def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         # asked before the live cache is closed, so that it stays where the new one is refused
-        live = (self.kv_buffer_bytes or 0) if self.ctx is not None else 0
-        self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq, live)
+        self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq, self._live_bytes())
         self._close_ctx()
         log_mark = llama_log_mark()
         ctx = self._new_context(kv, n_seqs, ctx_per_seq)

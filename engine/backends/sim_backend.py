@@ -262,6 +262,9 @@ class SimBackend:
         self._len[seq] = handle.tokens
         return handle.nbytes / self.profile.host_link_bytes_per_s
 
+    def why_no_room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> str | None:
+        return None  # the simulated card's KV budget is the engine's to keep (--kv-budget-mb)
+
     def why_no_shift(self) -> str | None:
         bm = self.profile.bytes_model
         if bm.has_swa or bm.state_bytes:
