@@ -366,7 +366,7 @@ def test_a_cache_the_device_cannot_hold_is_refused_in_one_line_and_changes_nothi
     dev.open(KV("f16"), 2, 256)
     _prefill(dev, 0, dev.tokenize(CODE)[:50])
     before = dev.cells(0), dev.kv, dev.n_seqs
-    cells = dev.device.max_buffer_bytes // 256 + 256  # one layer's K: 2 heads x 64 x 2 bytes a cell
+    cells = 2 * dev.device.max_buffer_bytes // 256  # one layer's K: 2 heads x 64 x 2 bytes a cell
     with pytest.raises(UserError) as err:
         with dev.side_cache(KV("f16"), 1, cells):
             pass
