@@ -153,10 +153,15 @@ class Engine:
     def _why_no_room(self, kv: KVSetting, agents: int) -> str | None:
         """Whether the device holds the cache this KV type and agent count would rebuild: refused at the
         request, not in the rebuild (where the old type would need the new streams too)."""
+        return self.backend.why_no_room(kv, self._slots_for(agents), self.s.ctx_per_agent)
+
+    def _slots_for(self, agents: int) -> int:
+        """The streams a swarm of this many agents runs on: doubled until they hold every agent (a rebuild
+        each time they grow, so they grow in steps), never shrunk."""
         slots = self.slots
         while slots < agents:
-            slots *= 2  # as _apply_controls grows the streams
-        return self.backend.why_no_room(kv, slots, self.s.ctx_per_agent)
+            slots *= 2
+        return slots
 
     def header(self) -> dict[str, object]:
         b = self.backend
@@ -239,9 +244,8 @@ class Engine:
             self.backend.drop(a.seq)
             self.agents.remove(a)
         next_id = max((a.id for a in self.agents), default=-1) + 1
+        self.slots = self._slots_for(n)  # where it grew, the next step rebuilds the context with room for them
         while len(self.agents) < n:
-            if len(self.agents) >= self.slots:
-                self.slots *= 2  # the next step rebuilds the context with room for more streams
             a = Agent(id=next_id, seq=-1, limit=self.s.ctx_per_agent)
             a.seq = next(s for s in range(self.slots) if s not in {x.seq for x in self.agents})
             self.agents.append(a)

@@ -9,8 +9,8 @@
 #
 # Once per machine: Debian's Vulkan packages and newer headers (bench/gpu/vulkan_deps.sh, ~15 s), a Vulkan
 # wheel of the pinned llama-cpp-python (~12 min on 2 cores, kept in $VULKAN_WHEELS), and its own virtual
-# environment (.venv-vulkan/, ~3 min). The first run on a machine also compiles llvmpipe's shaders (~8 min;
-# Mesa caches them in ~/.cache/mesa_shader_cache_db); a warm run takes about a minute.
+# environment (.venv-vulkan/, ~3 min). The first run on a machine also compiles llvmpipe's shaders (its
+# tests took 866 s cold in CI; Mesa caches them in ~/.cache/mesa_shader_cache_db); a warm run takes a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

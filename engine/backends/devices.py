@@ -8,6 +8,7 @@ the CPU: it proves a code path, never a speed, so every label built here says so
 
 import ctypes
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any
 
 import llama_cpp as ll
@@ -47,6 +48,7 @@ class Device:
         return {**asdict(self), "emulated": self.emulated, "label": self.label}
 
 
+@cache  # the signatures are set once; the handle is libllama's own
 def _lib() -> Any:
     lib = ll.llama_cpp._lib
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
@@ -76,6 +78,13 @@ def _text(b: bytes | None) -> str:
     return (b or b"").decode("utf-8", errors="replace")
 
 
+def _memory(lib: Any, dev: int) -> tuple[int, int]:
+    """(free, total) bytes of one device, as its backend reports them now."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return int(free.value), int(total.value)
+
+
 def offload_devices() -> list[Device]:
     """Every non-CPU device llama.cpp would offload layers to, in its order (the first takes a single-device
     model). Empty on a CPU build, and on a Vulkan build that finds no usable device (ggml-vulkan skips a
@@ -87,13 +96,12 @@ def offload_devices() -> list[Device]:
         kind = _KINDS.get(lib.ggml_backend_dev_type(dev), "cpu")
         if kind == "cpu":
             continue
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        free, total = _memory(lib, dev)
         api = _text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))
         max_buffer = int(lib.ggml_backend_buft_get_max_size(lib.ggml_backend_dev_buffer_type(dev)))
         out.append(Device(api=api, name=_text(lib.ggml_backend_dev_name(dev)),
                           description=_text(lib.ggml_backend_dev_description(dev)), kind=kind,
-                          memory_total_bytes=int(total.value), memory_free_bytes=int(free.value),
+                          memory_total_bytes=total, memory_free_bytes=free,
                           max_buffer_bytes=max_buffer))
     return out
 
@@ -104,9 +112,7 @@ def free_bytes(device: Device) -> int:
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         if _text(lib.ggml_backend_dev_name(dev)) == device.name:
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            return int(free.value)
+            return _memory(lib, dev)[0]
     return device.memory_free_bytes
 
 
