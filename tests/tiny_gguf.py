@@ -99,11 +99,14 @@ def _byte_tokens() -> list[str]:
     return [out[b] for b in range(256)]
 
 
-def _add_tokenizer(w: GGUFWriter) -> None:
+def _add_tokenizer(w: GGUFWriter, n_vocab: int = VOCAB) -> None:
+    """n_vocab: past the byte tokens, unused ones (type 5) that no text tokenizes to but every logits row
+    and every sampler still carries: a large vocabulary's host cost without its tokenizer."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")  # the default model's pre-tokenizer
-    w.add_token_list([*SPECIAL, *_byte_tokens()])
-    w.add_token_types([3] * len(SPECIAL) + [1] * 256)  # 3 control, 1 normal
+    pad = max(0, n_vocab - VOCAB)
+    w.add_token_list([*SPECIAL, *_byte_tokens(), *(f"<unused_{i}>" for i in range(pad))])
+    w.add_token_types([3] * len(SPECIAL) + [1] * 256 + [5] * pad)  # 3 control, 1 normal, 5 unused
     w.add_token_merges(["Ġ Ġ"])  # llama.cpp wants the key; one merge whose result it never finds is harmless
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -235,7 +238,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def llama_device(path: Path, n_layer: int = 2, seed: int = 0) -> Path:
+def llama_device(path: Path, n_layer: int = 2, seed: int = 0, n_vocab: int = VOCAB) -> Path:
     """A dense Llama for the device lane, fast enough for a software device: head size 64 (every device
     backend's flash attention has a kernel for it; Vulkan has none for the others' 32), grouped-query
     attention (2 KV heads for 4), f16 matrices, a ChatML template. The attention weights are scaled so
@@ -259,8 +262,8 @@ def llama_device(path: Path, n_layer: int = 2, seed: int = 0) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_chat_template(CHATML)
-    _add_tokenizer(w)
-    tensor("token_embd.weight", n_embd, VOCAB, scale=0.3)  # tied: the output head too
+    _add_tokenizer(w, n_vocab)
+    tensor("token_embd.weight", n_embd, max(n_vocab, VOCAB), scale=0.3)  # tied: the output head too
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))

@@ -147,6 +147,7 @@ class LlamaBackend:
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self._prefill_row: tuple[int, int] | None = None  # (seq, row) of the last prefill's logits
+        self.host_sampling_s = 0.0  # seconds the host spent drawing tokens from logits, since the start
         # one sequence whose decode logits are kept (the live quality check compares them with a side context)
         self._keep_seq: int | None = None
         self.kept: deque[KeptLogits] = deque()
@@ -503,15 +504,19 @@ class LlamaBackend:
                 self._decode()
             finally:
                 self.last_distinct_experts = routing.end()
+        ll.llama_synchronize(ctx)  # a device's step ends here, not in the first row sampled
         if self._keep_seq is not None and self._keep_seq in seqs:
             j = seqs.index(self._keep_seq)
             row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.n_vocab,))
             self.kept.append(KeptLogits(positions[j], tokens[j], self.kv, row.copy()))
+        t1 = time.perf_counter()
         if self._grammars:
             out = [self._sample(s, j) for j, s in enumerate(seqs)]
         else:
             out = [sample(samplers[s], ctx, j) for j, s in enumerate(seqs)]
-        return out, time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.host_sampling_s += t2 - t1
+        return out, t2 - t0
 
     def keep_logits(self, seq: int | None, n: int = 0) -> None:
         """From now on keep the logits of seq's last n decode positions (a copy of each row, ~200 KB on a 49k
