@@ -99,3 +99,15 @@ def test_record_on_the_default_model(tmp_path):
     assert ref and all(s["batch"] == 1 for s in steps if s["step"] in ref)
     dec = [s for s in steps if s["kind"] == "decode" and s["batch"] > 1 and s["step"] > ref[0]]
     assert dec and all(s["measured_speedup"] > 0 and s["calibrated_speedup"] > 0 for s in dec)
+
+
+def test_a_penalised_sampler_draws(llama_backend):
+    # the pinned bindings take the vocabulary's size first: a request with a presence or frequency penalty
+    # raised a TypeError in the engine's thread
+    from swarmtune.engine.conversation.sampling import SamplingParams
+
+    b = llama_backend
+    b.open(KV("f16"), 1, 256)
+    b.set_sampler(0, SamplingParams(seed=1, presence_penalty=0.5, frequency_penalty=0.2))
+    b.prefill(0, b.tokenize("Once upon a time"), 0)
+    assert 0 <= b.first_token_after_prefill(0) < b.n_vocab

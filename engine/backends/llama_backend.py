@@ -419,7 +419,9 @@ class LlamaBackend:
             bias = (ll.llama_logit_bias * len(eog))(*(ll.llama_logit_bias(t, -math.inf) for t in eog))
             add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
         if p.penalised:
-            add(chain, ll.llama_sampler_init_penalties(p.penalty_last_n, 1.0, p.frequency_penalty, p.presence_penalty))
+            # the pinned llama.cpp takes the vocabulary's size first (its device kernel sizes a count per token)
+            add(chain, ll.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, 1.0, p.frequency_penalty,
+                                                       p.presence_penalty))
         if p.greedy:
             add(chain, ll.llama_sampler_init_greedy())
         else:
