@@ -133,17 +133,19 @@ class EngineRunner:
         self.ready.set()
 
     def _publish(self, records: list[StepRecord]) -> None:
+        # each record serialized once for the file and every reader (twice only where the API hides the text)
+        lines = [r.to_json() for r in records]
         if self.recorder is not None:
-            for r in records:
-                self.recorder.write(r)
+            for line in lines:
+                self.recorder.write_line(line)
         if self.served is not None:
             done = self.served.drain_records()
             self.requests_total += len(done)
             if self.recorder is not None:
                 for q in done:
                     self.recorder.write(q)
-        for r in records:
-            line = self.public_json(r)
+        for r, whole in zip(records, lines, strict=True):
+            line = self.public_json(r) if self.hide_text else whole
             with self._lock:
                 self.history.append((r.step, line))
                 self.latest = r
