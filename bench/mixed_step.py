@@ -26,7 +26,7 @@ KV = KVSetting.parse  # a KV setting as a flag spells it
 
 def fill(b: LlamaBackend, rows: list[tuple[int, int, int, bool]]) -> None:
     """rows: (token, position, sequence, wants logits), into the backend's batch."""
-    batch = b.batch
+    batch = b.steps.batch
     batch.n_tokens = len(rows)
     for j, (tok, pos, seq, logits) in enumerate(rows):
         batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.seq_id[j][0] = tok, pos, 1, seq
@@ -62,12 +62,12 @@ def main() -> int:
             t0 = time.perf_counter()
             if r % 2 == 0:
                 fill(b, dec)
-                ll.llama_decode(b.ctx, b.batch)
+                ll.llama_decode(b.ctx, b.steps.batch)
                 fill(b, pre)
-                ll.llama_decode(b.ctx, b.batch)
+                ll.llama_decode(b.ctx, b.steps.batch)
             else:
                 fill(b, dec + pre)
-                ll.llama_decode(b.ctx, b.batch)
+                ll.llama_decode(b.ctx, b.steps.batch)
             ll.llama_synchronize(b.ctx)
             dt = time.perf_counter() - t0
             if r >= 2:  # the first of each kind warms up

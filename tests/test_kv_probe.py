@@ -29,12 +29,12 @@ KV = KVSetting.parse  # a KV setting as a flag spells it
 def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(llama_backend):
     b = llama_backend
     tokens, nxt, cells_before, logits_before = prefill_code(b)
-    samplers = dict(b._samplers)  # the session's backend: other tests' samplers too
+    samplers = dict(b.samplers.chains)  # the session's backend: other tests' samplers too
 
     p = probe_kv(b, KV("f16"), KV("q8_0"), 2, 256)
 
     assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == (KV("f16"), 2, cells_before, (-1, -1))
-    assert b._samplers == samplers
+    assert b.samplers.chains == samplers
     np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
     # what it timed: each type's history in chunks at their positions, then three decode points
     for kv in (KV("f16"), KV("q8_0")):

@@ -13,6 +13,9 @@ from typing import Any
 
 import llama_cpp as ll
 
+from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.model.bytes_model import ByteModel
+
 # enum ggml_backend_dev_type
 _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 # Vulkan implementations that execute on the host: lavapipe reports itself as "llvmpipe (LLVM ...)"
@@ -114,6 +117,17 @@ def free_bytes(device: Device) -> int:
         if _text(lib.ggml_backend_dev_name(dev)) == device.name:
             return _memory(lib, dev)[0]
     return device.memory_free_bytes
+
+
+def cache_tensor_bytes(bm: ByteModel, kv: KVSetting, n_seqs: int, ctx_per_seq: int, n_batch: int) -> tuple[int, int]:
+    """(the largest tensor, the whole size) of the cache llama.cpp makes for this: one layer's K or V over
+    every sequence's cells (rounded up to 256, as llama.cpp pads them), and every cache together."""
+    total = sum(bm.llama_cpp_cache_bytes(kv, n_seqs, ctx_per_seq, n_batch).values())
+    cells = -(-n_seqs * ctx_per_seq // 256) * 256
+    per_layer = max(bm.kv_values_per_layer, default=0)  # K and V values a token adds in one layer
+    k_share = bm.k_share
+    tensor = int(cells * max(kv.k.bytes_for(per_layer * k_share), kv.v.bytes_for(per_layer * (1 - k_share))))
+    return tensor, total
 
 
 def why_cache_does_not_fit(device: Device, tensor_bytes: int, total_bytes: int, free: int) -> str | None:

@@ -1,0 +1,145 @@
+"""The steps the live context runs: a prefill chunk of one sequence, a decode row per sequence, one position
+teacher-forced for its logits; the batch they fill, and what a step leaves behind (its prefill row, the
+logits the quality check keeps, the experts an MoE step routed to)."""
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import llama_cpp as ll
+import numpy as np
+
+from swarmtune.engine.backends.backend import NoKVSlot
+from swarmtune.engine.backends.moe_routing import RoutingCounter
+from swarmtune.engine.errors import Interrupted
+from swarmtune.engine.kv_types import KVSetting
+
+if TYPE_CHECKING:
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+
+
+@dataclass(frozen=True)
+class KeptLogits:
+    """One decode position's logits as the live cache produced them (LlamaBackend.keep_logits)."""
+
+    pos: int  # the position of the token fed; the row predicts the token at pos + 1
+    token: int  # the token fed there
+    kv: KVSetting  # the live cache's setting when it was computed
+    logits: np.ndarray  # float32, one per vocabulary entry
+
+
+class LlamaSteps:
+    """Acts on its backend's live context and draws through its samplers."""
+
+    def __init__(self, backend: "LlamaBackend", batch_tokens: int, routing: RoutingCounter | None) -> None:
+        self.b = backend
+        self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
+        self.batch_cap = batch_tokens
+        self.prefill_row: tuple[int, int] | None = None  # (seq, row) of the last prefill's logits
+        # one sequence whose decode logits are kept (the live quality check compares them with a side context)
+        self.keep_seq: int | None = None
+        self.kept: deque[KeptLogits] = deque()
+        self.routing = routing
+        self.last_distinct_experts: list[int] | None = None
+        self._abort_cb: object | None = None  # kept here: llama.cpp holds only the pointer
+
+    def grow(self, batch_tokens: int) -> None:
+        """Room for batches of this many tokens (a context opened with more sequences than the batch held)."""
+        if batch_tokens > self.batch_cap:
+            ll.llama_batch_free(self.batch)
+            self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
+            self.batch_cap = batch_tokens
+
+    def free(self) -> None:
+        ll.llama_batch_free(self.batch)
+
+    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
+        n = len(tokens)
+        if not 0 < n <= self.batch_cap:  # past the batch's arrays llama.cpp would read freed memory
+            raise ValueError(f"a prefill carries 1..{self.batch_cap} tokens (got {n})")
+        b = self.batch
+        b.n_tokens = n
+        for j, tok in enumerate(tokens):
+            b.token[j] = tok
+            b.pos[j] = pos0 + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = seq
+            b.logits[j] = 0
+        b.logits[n - 1] = 1  # the last row feeds the first sampled token
+        t0 = time.perf_counter()
+        self.run()
+        ll.llama_synchronize(self.b.ctx)
+        self.prefill_row = (seq, n - 1)
+        return time.perf_counter() - t0
+
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        b = self.batch
+        n = len(seqs)
+        b.n_tokens = n
+        for j in range(n):
+            b.token[j] = tokens[j]
+            b.pos[j] = positions[j]
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = seqs[j]
+            b.logits[j] = 1
+        ctx = self.b.ctx
+        routing = self.routing
+        t0 = time.perf_counter()
+        if routing is None:
+            self.run()
+        else:
+            routing.begin()
+            try:
+                self.run()
+            finally:
+                self.last_distinct_experts = routing.end()
+        ll.llama_synchronize(ctx)  # a device's step ends here, not in the first row sampled
+        if self.keep_seq is not None and self.keep_seq in seqs:
+            j = seqs.index(self.keep_seq)
+            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.b.n_vocab,))
+            self.kept.append(KeptLogits(positions[j], tokens[j], self.b.kv, row.copy()))
+        out = self.b.samplers.draw_rows(seqs)
+        return out, time.perf_counter() - t0
+
+    def keep_logits(self, seq: int | None, n: int = 0) -> None:
+        self.keep_seq = seq
+        self.kept = deque(maxlen=max(n, 1))
+        self.b.samplers.keep(seq)  # its raw logits come back from the device
+
+    def first_token_after_prefill(self, seq: int) -> int:
+        # Only the last llama_decode's output rows exist; sampling any other aborts the process in C.
+        if self.prefill_row is None or self.prefill_row[0] != seq:
+            raise RuntimeError(f"no prefill output for sequence {seq} to sample from")
+        return self.b.samplers.draw(seq, self.prefill_row[1])
+
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        if should_stop is None:
+            self._abort_cb = None
+            ll.llama_set_abort_callback(self.b.ctx, ll.ggml_abort_callback(), None)
+            return
+        self._abort_cb = ll.ggml_abort_callback(lambda data: bool(should_stop()))
+        ll.llama_set_abort_callback(self.b.ctx, self._abort_cb, None)
+
+    def run(self) -> None:
+        """llama_decode of the batch as filled; the last prefill's row is gone with it."""
+        self.prefill_row = None
+        rc = ll.llama_decode(self.b.ctx, self.batch)
+        if rc == 1:
+            raise NoKVSlot()
+        if rc == 2 and self._abort_cb is not None:
+            raise Interrupted()
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
+        b = self.batch
+        b.n_tokens = 1
+        b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = token, pos, 1, seq, 1
+        with self.b.samplers.raw(seq):  # its row's logits, not a token drawn on the device
+            self.run()
+            row = ll.llama_get_logits_ith(self.b.ctx, 0)
+            out = np.ctypeslib.as_array(row, shape=(self.b.n_vocab,)).copy()
+        ll.llama_memory_seq_rm(self.b.mem, seq, pos, -1)
+        return out
