@@ -21,6 +21,7 @@ from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.tool_calls import call_grammar, json_grammar
 from swarmtune.engine.errors import UserError
 from swarmtune.server.openai_schema import BadRequest
+from swarmtune.server.outbox import Outbox
 from swarmtune.server.runner import EngineRunner
 
 AGENT_HEADER = "x-swarmtune-agent"  # pins a conversation to an agent, as a body's user field does
@@ -105,6 +106,7 @@ class Bridge:
         self.renderer = PromptRenderer(self.backend)
         self.model = model_id(runner.engine.facts.path)
         self.created = int(time.time())
+        self._outbox: Outbox | None = None  # the server loop's, made by the first request
 
     @property
     def family(self) -> str:
@@ -155,11 +157,14 @@ class Bridge:
         if self.runner.error:
             raise BadRequest(f"the engine stopped: {self.runner.error}", status=503, code="engine_stopped")
         loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = Outbox(loop)
+        outbox = self._outbox
         q: asyncio.Queue[Delta | Finished | Closed] = asyncio.Queue()
 
         def emit(event: Delta | Finished | Closed) -> None:
             try:
-                loop.call_soon_threadsafe(q.put_nowait, event)
+                outbox.put(q, event)
             except RuntimeError:  # the server's loop is gone (shutting down): nobody is listening
                 pass
 
