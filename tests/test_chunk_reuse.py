@@ -169,8 +169,8 @@ def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fr
 def test_a_chunk_whose_paste_costs_more_than_its_prefill_is_prefilled():
     e, served = make(cache_reuse=32)
     first, again = header_turns(e, served)  # its prefill steps measured the prefill rate
-    assert served._prefill_s_per_token is not None
-    served._paste_s_per_cell = served._prefill_s_per_token * 10  # as on a card whose host link is slow
+    assert served.reuse.prefill_s_per_token is not None
+    served.reuse.paste_s_per_cell = served.reuse.prefill_s_per_token * 10  # as on a card whose host link is slow
     _, rec = turn(e, served, again)
     assert rec.shifted_tokens == 0 and rec.prefilled_tokens > len(again) - 20
 
