@@ -2,7 +2,8 @@
 
 The engine runs the swarm (scheduler, workload, records); every backend call it makes is logged.
 The minimal loop then replays exactly those calls on a fresh context with raw llama-cpp-python:
-same batches, positions and tokens, same per-row sampling, no scheduler and no records.
+same batches, positions and tokens, the same sampler chains sampled where the engine samples them (in
+llama.cpp's graph unless SWARMTUNE_DEVICE_SAMPLING=0), no scheduler and no records.
 Rounds alternate which side runs first: engine then loop (the loop replays the calls the engine just
 made), then loop then engine (the loop replays the last round's calls, the engine makes its own: the tool
 waits are wall-clock, so its calls differ a little from round to round, and both counts are printed). Each
@@ -50,6 +51,8 @@ def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int
         ll.llama_sampler_chain_add(c, ll.llama_sampler_init_top_k(40))
         ll.llama_sampler_chain_add(c, ll.llama_sampler_init_temp(0.8))
         ll.llama_sampler_chain_add(c, ll.llama_sampler_init_dist(s))
+        if b.samplers.device_sampling:  # as the engine's: the chain in llama.cpp's graph, the token read back
+            ll.llama_set_sampler(ctx_p, s, c)
         samplers.append(c)
     t0 = time.perf_counter()
     for call in calls:
@@ -83,6 +86,7 @@ def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int
             for j in range(n):
                 ll.llama_sampler_sample(samplers[seqs[j]], ctx_p, j)
     elapsed = time.perf_counter() - t0
+    b.open(kv, n_seqs, ctx)  # a fresh context for the engine: the loop's chains are bound to this one
     for c in samplers:
         ll.llama_sampler_free(c)
     return elapsed
@@ -135,6 +139,8 @@ def main() -> None:
               f"({t_min:.2f} s; {'the same calls' if replayed is made else what(replayed, min_tokens)}), "
               f"ratio {ratios[-1]:.3f} (measured)", flush=True)
     b.close()
+    where = "in the graph (device sampling)" if b.samplers.device_sampling else "on the host"
+    print(f"sampling: {where}, both sides")
     print(f"rounds: {', '.join(f'{x:.3f}' for x in ratios)} (cache check {'on' if a.check else 'off'})")
     print(f"ratio: {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
 
