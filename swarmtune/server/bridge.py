@@ -158,7 +158,7 @@ class Bridge:
             raise BadRequest(f"the engine stopped: {self.runner.error}", status=503, code="engine_stopped")
         loop = asyncio.get_running_loop()
         if self._outbox is None or self._outbox.loop is not loop:
-            self._outbox = Outbox(loop)
+            self._outbox = self.runner.outbox_for(loop)
         outbox = self._outbox
         q: asyncio.Queue[Delta | Finished | Closed] = asyncio.Queue()
 

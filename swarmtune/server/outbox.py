@@ -2,10 +2,12 @@
 
 `loop.call_soon_threadsafe` writes a byte to the loop's self-pipe on every call: one per token per stream
 was the engine thread's largest per-agent cost after sampling (bench/host_overhead.py, "other"). An
-outbox queues the events and wakes the loop once until it has drained them, so a decode step of 64
-streams costs one pipe write, and each queue still gets its events in the order they were made."""
+outbox queues the events; the engine's own thread (`hold_thread`) only queues them, and its runner wakes
+the loop once after each step (`flush`); any other thread (a server closing, a client leaving) wakes it at
+once. Each queue gets its events in the order they were made."""
 
 import asyncio
+import threading
 from collections import deque
 from typing import Any
 
@@ -15,11 +17,17 @@ class Outbox:
         self.loop = loop
         self._items: deque[tuple[asyncio.Queue[Any], Any]] = deque()
         self._scheduled = False
+        self.hold_thread: int | None = None  # the engine's: its events wait for flush()
 
     def put(self, q: "asyncio.Queue[Any]", event: Any) -> None:
         """Any thread. Raises RuntimeError where the loop is closed (nobody is listening)."""
         self._items.append((q, event))
-        if not self._scheduled:
+        if threading.get_ident() != self.hold_thread:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wake the loop for what is queued (once, until it has drained it)."""
+        if self._items and not self._scheduled:
             self._scheduled = True
             try:
                 self.loop.call_soon_threadsafe(self._drain)

@@ -19,6 +19,7 @@ from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.records import RecordWriter, StepRecord
+from swarmtune.server.outbox import Outbox
 from swarmtune.sources.live import LiveSource
 from swarmtune.sources.protocol import Sink
 
@@ -66,6 +67,8 @@ class EngineRunner:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._outboxes: list[Outbox] = []  # served tokens, sent to each loop once a step
+        self._engine_thread: int | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -101,6 +104,9 @@ class EngineRunner:
             if sink is not None:
                 sink.header(h)
 
+        self._engine_thread = threading.get_ident()
+        for box in self._outboxes:
+            box.hold_thread = self._engine_thread
         own = Sink(records=records, header=header)
         if sink is not None:
             own.progress, own.every_s = sink.progress, sink.every_s
@@ -112,13 +118,34 @@ class EngineRunner:
             if sink is not None:
                 raise
         finally:
+            self._flush()
             self.ready.set()
+
+    def outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        """The outbox a server loop's streams read through; this runner wakes it after each step."""
+        with self._lock:
+            box = next((b for b in self._outboxes if b.loop is loop), None)
+            if box is None:
+                box = Outbox(loop)
+                box.hold_thread = self._engine_thread
+                self._outboxes.append(box)
+        return box
+
+    def _flush(self) -> None:
+        with self._lock:
+            boxes = list(self._outboxes)
+        for box in boxes:
+            try:
+                box.flush()
+            except RuntimeError:  # that loop is closed: nobody is listening there
+                pass
 
     def _died(self) -> None:
         """Every waiting client hears it now: served requests end with an error, step streams with one."""
         msg = f"the engine stopped: {self.error}"
         if self.served is not None:
             self.served.close_all(msg)
+            self._flush()
         with self._lock:
             subs = list(self._subs)
         for s in subs:
@@ -155,6 +182,7 @@ class EngineRunner:
                 subs = list(self._subs)
             for s in subs:
                 s.push((r.step, line))
+        self._flush()  # the step's tokens, to every stream at once
 
     def public_json(self, r: StepRecord) -> str:
         """A step record as the API shows it: without each agent's text where the server hides it."""
