@@ -148,8 +148,19 @@ class Samplers:
         if self.grammars:
             out = [self.draw(s, j) for j, s in enumerate(seqs)]
         else:
-            sample, ctx, chains = ll.llama_sampler_sample, self.ctx, self.chains
-            out = [sample(chains[s], ctx, j) for j, s in enumerate(seqs)]
+            # a token the device drew is read and accepted here: llama_sampler_sample would do the same after
+            # four lookups and a debug line through the log callback, a Python call per row
+            ctx, chains, on_device = self.ctx, self.chains, self.on_device
+            sample, token, accept = ll.llama_sampler_sample, ll.llama_get_sampled_token_ith, ll.llama_sampler_accept
+            out = []
+            for j, s in enumerate(seqs):
+                if s in on_device:
+                    tok = token(ctx, j)
+                    if tok >= 0:
+                        accept(chains[s], tok)
+                        out.append(tok)
+                        continue
+                out.append(sample(chains[s], ctx, j))
         self.host_s += time.perf_counter() - t0
         return out
 
