@@ -166,6 +166,8 @@ class ByteModel:
         """The context a full-attention cache of this model would read for the bytes K(L) reads: L itself
         for a dense model, less past a window. The step-time fit's KV term is in these tokens."""
         full, windowed = self._kv_terms(kv)
+        if not windowed:  # a dense model: L itself (asked for every agent of every step)
+            return max(context, 0.0)
         k = full + sum(b for b, _ in windowed)
         return self.kv_read_bytes(kv, context) / k if k > 0 else max(context, 0.0)
 
