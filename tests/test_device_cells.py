@@ -417,3 +417,36 @@ def test_the_fit_check_names_the_largest_buffer_and_the_free_memory():
     assert "1.50 GiB free" in why_cache_does_not_fit(d, gib // 2, 2 * gib, 3 * gib // 2)
     card = Device("CUDA", "CUDA0", "NVIDIA H100 80GB HBM3", "gpu", 80 * gib, 79 * gib, 80 * gib)
     assert not card.emulated and card.label == "CUDA: NVIDIA H100 80GB HBM3"
+
+
+def test_sampling_runs_on_the_device_where_its_rows_align_and_keeps_greedy_tokens(tmp_path, dev):
+    # llama.cpp samples in the decode graph on the device; it views each logits row at row x n_vocab x 4
+    # bytes, which Vulkan aborts on where that is not a multiple of its alignment: the 259-token model
+    # falls back to the host, a 320-token one (1,280-byte rows) samples on the device
+    from swarmtune.engine.conversation.sampling import SamplingParams
+
+    if dev.device is not None and dev.device.buffer_alignment > 4:
+        assert dev.info.settings["sampling"].startswith("host: a logits row of 1,036 bytes")
+    b = _backend(str(llama_device(tmp_path / "aligned.gguf", n_layer=N_LAYER, n_vocab=320)))
+    try:
+        assert b.info.settings["sampling"] == "device"
+        greedy = SamplingParams(temperature=0.0)
+        prompt = b.tokenize(CODE)[:40]
+        runs = []
+        for on_device in (False, True):
+            b.samplers.device_sampling = on_device
+            b.open(KV("f16"), 2, 256)
+            ends = [29, 34]  # each sequence's prompt up to here prefilled; the token there fed to the decode
+            for s in range(2):
+                b.set_sampler(s, greedy)
+                _prefill(b, s, prompt[: ends[s]])
+            assert b.sampled_on_host([0, 1]) == ([] if on_device else [0, 1])
+            cur, pos, out = [prompt[e] for e in ends], list(ends), []
+            for _ in range(12):
+                cur, _s = b.decode([0, 1], cur, pos)
+                pos = [p + 1 for p in pos]
+                out.append(list(cur))
+            runs.append(out)
+        assert runs[0] == runs[1]
+    finally:
+        b.close()

@@ -31,6 +31,8 @@ class Device:
     memory_total_bytes: int
     memory_free_bytes: int
     max_buffer_bytes: int  # the largest one buffer may be (Vulkan: maxMemoryAllocationSize and the like)
+    # where a tensor view may start in its buffer (Vulkan: minStorageBufferOffsetAlignment)
+    buffer_alignment: int = 1
 
     @property
     def emulated(self) -> bool:
@@ -74,6 +76,8 @@ def _lib() -> Any:
     lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_buft_get_max_size.restype = ctypes.c_size_t
     lib.ggml_backend_buft_get_max_size.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_get_alignment.restype = ctypes.c_size_t
+    lib.ggml_backend_buft_get_alignment.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -101,11 +105,12 @@ def offload_devices() -> list[Device]:
             continue
         free, total = _memory(lib, dev)
         api = _text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))
-        max_buffer = int(lib.ggml_backend_buft_get_max_size(lib.ggml_backend_dev_buffer_type(dev)))
+        buft = lib.ggml_backend_dev_buffer_type(dev)
         out.append(Device(api=api, name=_text(lib.ggml_backend_dev_name(dev)),
                           description=_text(lib.ggml_backend_dev_description(dev)), kind=kind,
                           memory_total_bytes=total, memory_free_bytes=free,
-                          max_buffer_bytes=max_buffer))
+                          max_buffer_bytes=int(lib.ggml_backend_buft_get_max_size(buft)),
+                          buffer_alignment=int(lib.ggml_backend_buft_get_alignment(buft))))
     return out
 
 
@@ -128,6 +133,18 @@ def cache_tensor_bytes(bm: ByteModel, kv: KVSetting, n_seqs: int, ctx_per_seq: i
     k_share = bm.k_share
     tensor = int(cells * max(kv.k.bytes_for(per_layer * k_share), kv.v.bytes_for(per_layer * (1 - k_share))))
     return tensor, total
+
+
+def why_no_device_sampling(device: Device, n_vocab: int) -> str | None:
+    """None where llama.cpp can sample on this device; else why not, in one line. Its sampling graph views
+    each output row of the logits at row x n_vocab x 4 bytes; where that is not a multiple of the device's
+    buffer alignment, ggml-vulkan aborts the process (GGML_ASSERT misalign_bytes == 0, found on llvmpipe
+    with a 259-token vocabulary). A real model's vocabulary is mostly padded to a multiple of 64."""
+    row_bytes = 4 * n_vocab
+    if device.buffer_alignment > 1 and row_bytes % device.buffer_alignment:
+        return (f"a logits row of {row_bytes:,} bytes does not start aligned to {device.name}'s "
+                f"{device.buffer_alignment} bytes: sampled on the host")
+    return None
 
 
 def why_cache_does_not_fit(device: Device, tensor_bytes: int, total_bytes: int, free: int) -> str | None:

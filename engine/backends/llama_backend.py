@@ -24,6 +24,7 @@ from swarmtune.engine.backends.devices import (
     free_bytes,
     offload_devices,
     why_cache_does_not_fit,
+    why_no_device_sampling,
 )
 from swarmtune.engine.backends.llama_cells import LlamaCells
 from swarmtune.engine.backends.llama_log import caches_from_log, llama_log_mark, llama_log_since, offloaded_layers
@@ -96,6 +97,9 @@ class LlamaBackend:
         self.text = LlamaText(model, facts.architecture)  # the parts, each with one job
         self.vocab, self.n_vocab, self.chat_template = self.text.vocab, self.text.n_vocab, self.text.chat_template
         on_device = default_device_sampling() if device_sampling is None else device_sampling
+        # where the output layer is on a device that cannot view this vocabulary's rows, sampling stays on the host
+        why_host = why_no_device_sampling(self.device, self.n_vocab) if self.device and self.offloaded_layers else None
+        on_device = on_device and why_host is None
         self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, on_device)
         want_routing = default_measure_routing() if measure_routing is None else measure_routing
         self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
@@ -121,7 +125,7 @@ class LlamaBackend:
                       "kv_unified": False, "chat_template": self.chat_template,
                       "swa_full": False, "moe_routing": "measured" if self.routing else "modeled",
                       # where each agent's token is drawn: in llama.cpp's graph, or on the host from its logits
-                      "sampling": "device" if on_device else "host"},
+                      "sampling": "device" if on_device else f"host{': ' + why_host if why_host else ''}"},
         )
 
     # the cache
