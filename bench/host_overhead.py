@@ -23,7 +23,8 @@ and each one's share of a 25.2 ms step (the seed's RX 9070 XT on a 9B model) and
 model on an H100). Vocabularies: the default model's 49k, and a 152k one (a tiny Llama this script writes:
 its host cost per row is the vocabulary's; its device step is far shorter than a real 152k model's).
 
-    python bench/host_overhead.py                       # 8, 64, 256 agents x 49k, 152k (~15 min, 2 cores)
+    python bench/host_overhead.py                       # 8, 64, 256 agents x 49k, 152k (~35 min, 2 cores)
+    python bench/host_overhead.py --agents 8 64         # the bar's point and the usual swarm (~10 min)
     python bench/host_overhead.py --agents 64 --vocab 49k
 
 The bar (issue 51): at 64 agents, <= 150 us + 5 us per agent in the batch. Last line:
