@@ -37,3 +37,12 @@ def test_any_data_at_any_size_stays_inside_its_cells(points, w, h):
     c.add(Series("s", [p[0] for p in points], [p[1] for p in points], "cyan"))
     lines = rows(c, w, h)
     assert len(lines) <= max(h, 1) and all(len(x) <= w for x in lines)
+
+
+def test_a_span_too_small_to_divide_by_is_a_flat_line():
+    # hypothesis found y values 0 and 5e-324: 1 / 5e-324 is infinity, and rounding it raised OverflowError
+    c = Chart(title="t", y_ticks=(0, 1))
+    c.add(Series("s", [0.0, 1.0], [0.0, 5e-324], "cyan"))
+    lines = rows(c, 40, 10)
+    assert len(lines) <= 10 and all(len(x) <= 40 for x in lines)
+

@@ -47,9 +47,10 @@ class Chart:
         ys = [y for s in self.series for y in s.ys]
         x0, x1 = self.x_range or ((min(xs), max(xs)) if xs else (0.0, 1.0))
         y0, y1 = self.y_range or ((min(ys), max(ys)) if ys else (0.0, 1.0))
-        if x1 <= x0:
+        # a span too small to divide by (a denormal apart) is a flat line, as an empty one is
+        if not x1 - x0 > 1e-12 * max(1.0, abs(x0), abs(x1)):
             x1 = x0 + 1.0
-        if y1 <= y0:
+        if not y1 - y0 > 1e-12 * max(1.0, abs(y0), abs(y1)):
             y1 = y0 + 1.0
         return x0, x1, y0, y1
 
