@@ -1,9 +1,10 @@
 """Each sequence's sampler: its chain (and grammar), where it runs, and the draw from a step's output rows.
 
 A chain runs inside the live context's graph where llama.cpp can run it (backend sampling: every sampler
-swarmtune builds has a device kernel) and only its token comes back; `llama_sampler_sample` then reads that
-token and accepts it. A chain under a grammar, or one whose raw logits the quality check keeps, is drawn on
-the host from its row's logits, as llama.cpp's own server does.
+swarmtune builds has a device kernel) and only its token comes back; the host reads that token and accepts
+it into the chain. A chain under a grammar, or one whose raw logits the quality check keeps, is drawn on
+the host from its row's logits, as llama.cpp's own server does. Where the device cannot view a row of
+this vocabulary, the backend turns device sampling off (devices.py why_no_device_sampling).
 """
 
 import ctypes
