@@ -197,7 +197,7 @@ class LlamaBackend:
             self.attn_rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in llama_log_since(log_mark)) for x in "kv")
             self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
             self.kv, self.n_seqs, self.ctx_per_seq, self.steps.prefill_row = kv, n_seqs, ctx_per_seq, None
-            self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, live[6].device_sampling)
+            self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, self.samplers.device_sampling)
             self.samplers.bind(ctx)
             yield
         finally:
