@@ -231,6 +231,9 @@ def run_point(model: str, agents: int, steps: int, prompt_tokens: int, record_di
         runner.stop()
         restore()
         loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        if not loop.is_running():
+            loop.close()
 
 
 def main() -> None:
