@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.agents.agent import Agent, Residency
 from swarmtune.engine.agents.agent_source import AgentSource
-from swarmtune.engine.backends.backend import Backend, NoKVSlot
+from swarmtune.engine.backends.backend import Backend, Landing, NoKVSlot
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
 from swarmtune.engine.kv_types import KVSetting
@@ -47,13 +47,24 @@ class BatchRunner:
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
         """The plan, as step number `step`, after freeing what it preempts."""
+        return self.start(plan, agents, step, launch=False)()
+
+    def start(self, plan: Plan, agents: list[Agent], step: int, launch: bool) -> Callable[[], Ran]:
+        """The plan begun: with launch, a decode step is on the device when this returns, and what it returns
+        lands it (its tokens to their agents); any other step, or a decode without launch, runs in full
+        when that is called. Preemptions happen here, before the step."""
         preempted = [a.id for a in plan.preempt or []]
         for a in plan.preempt or []:
             self.preempt(a)
+        if plan.kind == "decode" and plan.agents and launch:
+            return self._decode(plan, preempted, step, agents, launch)
+        return lambda: self._run(plan, preempted, step, agents)
+
+    def _run(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
         if plan.kind == "prefill":
             return self._prefill(plan, preempted, step, agents)
         if plan.kind == "decode" and plan.agents:
-            return self._decode(plan, preempted, step, agents)
+            return self._decode(plan, preempted, step, agents, launch=False)()
         if any(a.waiting for a in agents):
             return self._idle(agents)
         raise Stalled("no agent can run: the KV budget is too small for the swarm")
@@ -128,7 +139,8 @@ class BatchRunner:
         return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
                                                                  self.since_reference)
 
-    def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
+    def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent],
+                launch: bool) -> Callable[[], Ran]:
         batch = plan.agents
         note = ""
         self.since_reference += 1
@@ -143,7 +155,7 @@ class BatchRunner:
         while True:
             try:
                 sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
-                out, seconds = self.backend.decode([a.seq for a in batch], sent, [a.context for a in batch])
+                landing = self._launch([a.seq for a in batch], sent, [a.context for a in batch], launch)
                 break
             except NoKVSlot:
                 victim = max(batch, key=lambda a: a.context)
@@ -151,8 +163,18 @@ class BatchRunner:
                 preempted.append(victim.id)
                 batch = [a for a in batch if a is not victim]
                 if not batch:
-                    return Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
-        for a, fed, tok in zip(batch, sent, out, strict=True):
-            a.decoded(fed, step)
-            self.sampled(a, tok, seconds, agents)
-        return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
+                    return lambda: Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
+
+        def landed() -> Ran:
+            out, seconds = landing()
+            for a, fed, tok in zip(batch, sent, out, strict=True):
+                a.decoded(fed, step)
+                self.sampled(a, tok, seconds, agents)
+            return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
+        return landed
+
+    def _launch(self, seqs: list[int], tokens: list[int], positions: list[int], launch: bool) -> Landing:
+        if launch:
+            return self.backend.launch_decode(seqs, tokens, positions)
+        done = self.backend.decode(seqs, tokens, positions)  # a backend (a bench's stand-in) with decode alone
+        return lambda: done

@@ -29,6 +29,10 @@ class BackendInfo:
     settings: dict[str, object] = field(default_factory=dict)
 
 
+# what a launched decode step returns when waited for: each sequence's next token, and seconds
+Landing = Callable[[], tuple[list[int], float]]
+
+
 class Backend(Protocol):
     source: str  # measured | simulated
     facts: ModelFacts
@@ -83,6 +87,15 @@ class Backend(Protocol):
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         """One step: one token per sequence, one call. Returns each sequence's next token and seconds."""
+
+    @property
+    def launches_async(self) -> bool:
+        """A device runs a step while the host goes on: launch_decode returns before the step ends."""
+
+    def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> "Landing":
+        """decode() begun: the step is on its way (NoKVSlot raised here, as decode raises it); the host may
+        do other work, touching nothing of this backend, until it calls what this returns, which waits for
+        the step and returns what decode() would."""
 
     def drop(self, seq: int) -> None:
         """Free seq's cache."""

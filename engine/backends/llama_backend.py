@@ -15,7 +15,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import BackendInfo
+from swarmtune.engine.backends.backend import BackendInfo, Landing
 from swarmtune.engine.backends.clock import Clock, WallClock
 from swarmtune.engine.backends.devices import (
     Device,
@@ -115,6 +115,8 @@ class LlamaBackend:
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self.attn_rot: tuple[bool, ...] = (False, False)
+        # a step on a device is queued and runs while the host goes on; on the CPU llama_decode computes it
+        self.launches_async = bool(self.device and self.offloaded_layers)
         self.info = BackendInfo(
             name="llama.cpp",
             device=self.device.label if self.device else f"CPU {platform.machine()} ({os.cpu_count()} cores)",
@@ -285,6 +287,9 @@ class LlamaBackend:
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         return self.steps.decode(seqs, tokens, positions)
+
+    def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
+        return self.steps.launch_decode(seqs, tokens, positions)
 
     def first_token_after_prefill(self, seq: int) -> int:
         return self.steps.first_token_after_prefill(seq)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import NoKVSlot
+from swarmtune.engine.backends.backend import Landing, NoKVSlot
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.errors import Interrupted
 from swarmtune.engine.kv_types import KVSetting
@@ -75,6 +75,11 @@ class LlamaSteps:
         return time.perf_counter() - t0
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        return self.launch_decode(seqs, tokens, positions)()
+
+    def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
+        """The batch filled and llama_decode called: on a GPU it returns once the graph is queued, on the CPU
+        once it is computed. What it returns waits for the device and reads the step's tokens."""
         b = self.batch
         n = len(seqs)
         b.n_tokens = n
@@ -84,7 +89,6 @@ class LlamaSteps:
             b.n_seq_id[j] = 1
             b.seq_id[j][0] = seqs[j]
             b.logits[j] = 1
-        ctx = self.b.ctx
         routing = self.routing
         t0 = time.perf_counter()
         if routing is None:
@@ -95,13 +99,23 @@ class LlamaSteps:
                 self.run()
             finally:
                 self.last_distinct_experts = routing.end()
+        launched_s = time.perf_counter() - t0
+        return lambda: self._land(seqs, tokens, positions, t0, launched_s)
+
+    def _land(self, seqs: list[int], tokens: list[int], positions: list[int], t0: float,
+              launched_s: float) -> tuple[list[int], float]:
+        t_wait = time.perf_counter()
+        ctx = self.b.ctx
         ll.llama_synchronize(ctx)  # a device's step ends here, not in the first row sampled
         if self.keep_seq is not None and self.keep_seq in seqs:
             j = seqs.index(self.keep_seq)
             row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.b.n_vocab,))
             self.kept.append(KeptLogits(positions[j], tokens[j], self.b.kv, row.copy()))
         out = self.b.samplers.draw_rows(seqs)
-        return out, time.perf_counter() - t0
+        # waited for at once: the step's own seconds. Landed after other work: from its launch, the device's
+        # step where the wait shows the device was still at it, an upper bound where the host was slower
+        waited_at_once = t_wait - t0 - launched_s < 1e-4
+        return out, (launched_s + time.perf_counter() - t_wait) if waited_at_once else time.perf_counter() - t0
 
     def keep_logits(self, seq: int | None, n: int = 0) -> None:
         self.keep_seq = seq

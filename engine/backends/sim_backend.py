@@ -4,12 +4,13 @@ Everything it produces is simulated; the engine labels it so.
 """
 
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
-from swarmtune.engine.backends.backend import BackendInfo, CacheMismatch, NoKVSlot
+from swarmtune.engine.backends.backend import BackendInfo, CacheMismatch, Landing, NoKVSlot
 from swarmtune.engine.backends.clock import Clock, SimClock, WallClock
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
@@ -95,6 +96,9 @@ class SimBackend:
         self.n_seqs = 0
         self.ctx_per_seq = 0
         self.kv_buffer_bytes: int | None = None
+        # a decode step waits its modeled seconds on the wall: the simulated card stands in for a device that
+        # runs while the host goes on (a prefill, a move, are still only modeled)
+        self.paced = False
 
     def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
@@ -226,6 +230,27 @@ class SimBackend:
         return weights_s + sc.attention * (seconds - weights_s)
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
+        return self.launch_decode(seqs, tokens, positions)()
+
+    @property
+    def launches_async(self) -> bool:
+        return self.paced
+
+    def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
+        """Paced, the step lands its modeled seconds after the launch, on the wall: a sleep, which leaves the
+        GIL to whatever the host does meanwhile, as a device leaves the CPU (bench/overlap.py)."""
+        out, seconds = self._decode(seqs, tokens, positions)
+        if not self.paced:
+            return lambda: (out, seconds)
+        lands_at = time.perf_counter() + seconds
+
+        def landed() -> tuple[list[int], float]:
+            if (left := lands_at - time.perf_counter()) > 0:
+                time.sleep(left)
+            return out, seconds
+        return landed
+
+    def _decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         total = sum(positions) + len(seqs)  # each sequence's attention reads its cache, this token included
         for s, pos in zip(seqs, positions, strict=True):
             self._expect(s, pos)
