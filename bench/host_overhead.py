@@ -53,7 +53,6 @@ import tiny_gguf  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
 from swarmtune.engine.agents.served import ServedAgents  # noqa: E402
-from swarmtune.engine.engine import Engine  # noqa: E402
 from swarmtune.engine.quality.quality_check import QualityCheck  # noqa: E402
 from swarmtune.engine.recorder import Recorder  # noqa: E402
 from swarmtune.engine.scheduler import Scheduler  # noqa: E402
@@ -134,7 +133,7 @@ def instrument(ledger: Ledger) -> Callable[[], None]:
 
     for name in DEVICE_CALLS:
         wrap(ll, name, lambda fn: _device(ledger, fn))
-    for owner, name, part in ((Recorder, "record", "record"), (Engine, "tune_record", "record"),
+    for owner, name, part in ((Recorder, "record", "record"), (Recorder, "tune_record", "record"),
                               (EngineRunner, "_publish", "publish"), (Scheduler, "schedule", "scheduler"),
                               (Tuner, "observe", "tuner"), (QualityCheck, "observe", "quality"),
                               (ServedAgents, "before_step", "placement")):

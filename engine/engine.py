@@ -5,10 +5,9 @@ and take effect at the start of the next step."""
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
-import swarmtune
 from swarmtune.engine.agents.agent import Agent, AgentState
 from swarmtune.engine.agents.agent_source import AgentSource
 from swarmtune.engine.agents.workload import Workload
@@ -28,6 +27,7 @@ from swarmtune.engine.measure.step_model import Calibration
 from swarmtune.engine.recorder import Recorder
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.residency import MoveLog, Parking
+from swarmtune.engine.run_header import run_header
 from swarmtune.engine.scheduler import Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
@@ -86,6 +86,10 @@ class Engine:
         self.runner = BatchRunner(backend, self.s, self.workload, self.clock, self.analysis, self.moves, self.parking)
         self.switch = KVSwitch(backend, self.s, self.analysis, self.moves, self.runner)
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
+        # overlap: the next decode step is launched before a step's record goes to its readers, where the
+        # backend's steps run on a device while the host goes on (docs/host.md)
+        self.overlap = self.s.overlap if self.s.overlap is not None else backend.launches_async
+        self._landing: Callable[[], Ran] | None = None  # the step launched and not yet landed
 
     # setup
     def budget_tokens(self, kv: KVSetting) -> int:
@@ -164,26 +168,8 @@ class Engine:
         return slots
 
     def header(self) -> dict[str, object]:
-        b = self.backend
-        return {
-            "model": {"name": self.facts.name, "path": self.facts.path, "architecture": self.facts.architecture},
-            "weight_bytes": self.facts.weight_bytes,
-            "embd_row_bytes": self.facts.embd_row_bytes,
-            "kv_bytes_per_token": self.facts.kv_bytes_per_token_all(),
-            # what a step reads, layer by layer: windows, experts, recurrent state (engine/model/bytes_model.py)
-            "bytes_model": self.facts.bytes_model.to_dict(),
-            "kv_buffer_bytes_reported": getattr(b, "kv_buffer_bytes", None),
-            "cache_bytes_reported": getattr(b, "cache_bytes", None) or None,  # kv, kv_swa, recurrent (llama.cpp log)
-            "backend": b.info.name,
-            "device": b.info.device,
-            "versions": {"swarmtune": swarmtune.__version__, **b.info.versions},
-            "settings": {**asdict(self.s), "kv": self.s.kv.label, **b.info.settings, "slots": self.slots},
-            "source": b.source,
-            "reference": self.reference.as_dict(),
-            "power": {"source": self.meter.label, "detail": self.meter.reason},
-            "started_at": self.started_at,
-            "run_id": self.run_id,  # step indexes restart with each run; a client resuming by index checks it
-        }
+        return run_header(self.backend, self.s, self.slots, self.overlap, self.reference, self.meter,
+                          self.started_at, self.run_id)
 
     # controls: validated now, in the caller's thread; applied at the next step
     def request(self, c: Control) -> EngineState:
@@ -262,7 +248,7 @@ class Engine:
             self.start()
             if self._queued:
                 return self._queued.pop(0)
-        rec = self._step()
+        rec = self._land() if self._landing is not None else self._step()
         self.workload.on_record(rec)
         if self.s.check:
             self.check_caches()
@@ -272,15 +258,33 @@ class Engine:
         if self.autotune and self.tuner is not None:
             for note in self.tuner.observe(self, rec):
                 self._queued.append(self.tune_record(note))
+        if self.overlap and not self._queued and not self.should_yield():
+            self._launch_next()
         return rec
+
+    @property
+    def in_flight(self) -> bool:
+        """A step was launched and has not landed: the next step() lands it (a pause waits for that)."""
+        return self._landing is not None
+
+    def _launch_next(self) -> None:
+        """The next step begun now, after this one's hooks (what they change, it sees, as without overlap)
+        and before its record is written and published, which then runs while the device computes. A
+        control or a rebuild is a step of its own: left to the next step(), run in full."""
+        if self.pending.take() or self.backend.n_seqs < self.slots:
+            return
+        self._step_t0 = time.perf_counter()
+        if self._apply_controls() is None:  # none pending: the cap kept in force, nothing rebuilt
+            self._landing = self._begin(launch=True)
+
+    def _land(self) -> StepRecord:
+        landing, self._landing = self._landing, None
+        assert landing is not None
+        return self._record(landing())
 
     def tune_record(self, tune: TuneEvent) -> StepRecord:
         """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
-        views = self.recorder.views("tune", [], self.agents)
-        rec = StepRecord(step=self.step_index, t=round(self.now_s(), 6), kind="tune", batch=0, batch_ids=[],
-                         batch_cap=self.s.batch_cap, kv_type=self.s.kv.label, agents=views,
-                         weight_bytes=0, kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source,
-                         note=tune.why_text, tune=tune)
+        rec = self.recorder.tune_record(self.step_index, self.now_s(), self.agents, tune)
         self.step_index += 1
         return rec
 
@@ -298,12 +302,15 @@ class Engine:
         self._step_t0 = time.perf_counter()
         if (switched := self._apply_controls()) is not None:
             return self._record(switched)
+        return self._record(self._begin(launch=False)())
+
+    def _begin(self, launch: bool) -> Callable[[], Ran]:
         self.workload.before_step(self.agents, self.now_s())  # requests that arrived go to their agents here
         self._follow_traffic()
         self.runner.wake_tools(self.agents, self.now_s(),
                                lambda: self.budget_tokens(self.s.kv) - self.scheduler.used_tokens(self.agents))
         plan = self.scheduler.schedule(self.agents, self.step_index)
-        return self._record(self.runner.run(plan, self.agents, self.step_index))
+        return self.runner.start(plan, self.agents, self.step_index, launch)
 
     def _follow_traffic(self) -> None:
         """Served traffic: the forecasts run what it looks like."""
@@ -323,6 +330,9 @@ class Engine:
         return rec
 
     def close(self) -> None:
+        if self._landing is not None:  # the device's step ends before its context does
+            self._landing()
+            self._landing = None
         self.meter.close()
         if self.quality is not None and hasattr(self.quality, "close"):
             self.quality.close()  # its side contexts, before the model they run on

@@ -9,6 +9,7 @@ from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
 from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.tune_events import TuneEvent
 
 
 class Recorder:
@@ -59,6 +60,13 @@ class Recorder:
                 rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
         self.analysis.annotate(rec, contexts, read, power)
         return rec
+
+    def tune_record(self, step: int, t: float, agents: list[Agent], tune: TuneEvent) -> StepRecord:
+        """A tuner's decision (or its measured outcome) as a record of its own, kind "tune"."""
+        return StepRecord(step=step, t=round(t, 6), kind="tune", batch=0, batch_ids=[], batch_cap=self.s.batch_cap,
+                          kv_type=self.s.kv.label, agents=self.views("tune", [], agents), weight_bytes=0,
+                          kv_bytes=0.0, seconds=0.0, tokens=0, source=self.backend.source, note=tune.why_text,
+                          tune=tune)
 
     def views(self, kind: str, batch: list[Agent], agents: list[Agent]) -> list[AgentView]:
         """What each agent is doing after a step of this kind over this batch."""

@@ -89,6 +89,9 @@ class EngineSettings:
     # off, or where it cannot, every history is prefilled again
     kv_convert: bool = True
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
+    # launch the next decode step before a step's record is written and published (engine/engine.py); None:
+    # where the backend's steps run on a device while the host goes on
+    overlap: bool | None = None
 
     def validate(self, n_ctx_train: int) -> None:
         check_agents(self.agents)

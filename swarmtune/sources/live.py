@@ -57,7 +57,9 @@ class LiveSource:
         sink.header(eng.header())
         # simulated time at wall-clock pace, or it outruns any screen
         pacer = Pacer() if eng.backend.source == "simulated" and self.pace_sim else None
-        drive(eng.step, sink, cancelled, lambda: self._paused, pacer, on_held=self._held.set)
+        # a pause holds once the step launched ahead (overlap) has landed and gone to the sink: none is
+        # launched while paused, so that one is the last
+        drive(eng.step, sink, cancelled, lambda: self._paused and not eng.in_flight, pacer, on_held=self._held.set)
 
     def stop(self) -> None:
         pass  # the driver and the engine look at `cancelled` often enough
