@@ -3,9 +3,11 @@
 These CPUs have no device that runs while the host goes on, so the simulated card stands in for one: its
 decode step sleeps the profile's modeled seconds on the wall (a sleep leaves the GIL to the host, as a GPU
 leaves the CPU). The host's work is the real serving path's, as `bench/host_overhead.py` runs it:
-`swarmtune serve --sim PROFILE --clients --record FILE --autotune tokens_per_s`, one request per agent
-through the server's own bridge, each decoding until the window ends. The sim has no logits, so there is
-no sampling and no quality check; everything else (placement, scheduler, record, publish, the tuner) runs.
+`swarmtune serve --sim PROFILE --clients --record FILE`, one request per agent through the server's own
+bridge, each decoding until the window ends. The sim has no logits, so there is no sampling and no quality
+check; placement, scheduler, record and publish run. The tuner runs with `--autotune`: on a simulated
+swarm its looks forecast shadow swarms on the engine's thread, in series with the steps, for longer than a
+step at 64 agents, which no overlap can hide (docs/host.md).
 
 Overlap on: the engine launches step N+1 before step N's record is written and published (engine/engine.py).
 Overlap off: device, then host, in series. Timed: the wall over a window of decode steps (from the start of
@@ -43,8 +45,6 @@ from swarmtune.parsing import build_parser  # noqa: E402
 from swarmtune.server.bridge import Bridge, Sampling  # noqa: E402
 from swarmtune.server.runner import EngineRunner  # noqa: E402
 
-AUTOTUNE = ["--autotune", "tokens_per_s"]
-
 
 @dataclass(frozen=True)
 class Side:
@@ -58,9 +58,10 @@ class Side:
         return self.wall_s / self.modeled_s
 
 
-def run_side(profile: str, agents: int, steps: int, overlap: bool, record_dir: str) -> Side:
-    args = build_parser().parse_args(["serve", "--sim", profile, "--clients", "--agents", str(agents),
-                                      *AUTOTUNE, "--ctx", "4096", "--max-queue", str(agents),
+def run_side(profile: str, agents: int, steps: int, overlap: bool, record_dir: str, autotune: bool) -> Side:
+    tune = ["--autotune", "tokens_per_s"] if autotune else []
+    args = build_parser().parse_args(["serve", "--sim", profile, "--clients", "--agents", str(agents), *tune,
+                                      "--ctx", "4096", "--max-queue", str(agents),
                                       "--record", str(Path(record_dir) / f"rec-{agents}-{overlap}.jsonl")])
     engine = make_engine(args)
     assert isinstance(engine.backend, SimBackend)
@@ -133,16 +134,17 @@ def main() -> None:
     ap.add_argument("--profile", default="rx9070xt-qwen3.5-9b")
     ap.add_argument("--steps", type=int, default=150, help="decode steps in each window")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--autotune", action="store_true", help="the tuner on (its looks run in series)")
     a = ap.parse_args()
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; device: the simulated {a.profile}, paced (modeled "
-          "seconds slept on the wall)")
+          f"seconds slept on the wall); tuner {'on' if a.autotune else 'off'}")
     last = ""
     with tempfile.TemporaryDirectory() as d:
         for n in a.agents:
             sides: dict[bool, list[Side]] = {True: [], False: []}
             for r in range(a.rounds):
                 for overlap in ((True, False) if r % 2 == 0 else (False, True)):  # alternated
-                    s = run_side(a.profile, n, a.steps, overlap, d)
+                    s = run_side(a.profile, n, a.steps, overlap, d, a.autotune)
                     sides[overlap].append(s)
                     print(f"  {n} agents, round {r + 1}, overlap {'on ' if overlap else 'off'}: wall "
                           f"{s.wall_s / s.steps * 1e3:.2f} ms/step, modeled {s.modeled_s / s.steps * 1e3:.2f} "
