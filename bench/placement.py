@@ -7,13 +7,16 @@ shared system prompt (1,024 tokens, as agents of one harness share theirs), the 
 --cache-reuse at its default. Then one request at a time, each placed by the server's own call
 (`ServedAgents.before_step`, which the engine makes at the start of a step), timed around that call:
 
-- continue: an agent's whole conversation and a new user turn;
+- continue: an agent's whole conversation and a new user turn, after every agent took a turn (each
+  conversation grew by a user message and a reply since the last placement);
 - new: the system prompt and a conversation no agent holds (every agent busy or holding one: it displaces
   the least valuable and copies the shared prefix);
 - trimmed: an agent's conversation with 512 tokens cut from its middle (the prefix it shares, the chunks
   after the cut kept shifted).
 
-Each round builds the swarm afresh; medians with min-max over `--rounds`.
+Each round builds the swarm afresh; medians with min-max over `--rounds`. Also printed, not in the bar:
+`first look`, the first placement after the swarm's prompts were all prefilled (whatever the server
+learns of the conversations it has not seen grow, it learns there).
 
     python bench/placement.py                  # 64 agents x 8k tokens, 5 rounds (~1 min)
     python bench/placement.py --agents 8 64 --tokens 2048 8192
@@ -43,10 +46,13 @@ from swarmtune.engine.model.profiles import profile  # noqa: E402
 
 SYSTEM_TOKENS = 1024
 CASES = ("continue", "new", "trimmed")
+TURN_TOKENS = 64  # a user message between two placements
+REPLY_TOKENS = 32
 
 
-def ask(served: ServedAgents, prompt: list[int]) -> ServedRequest:
-    r = ServedRequest(prompt=list(prompt), max_tokens=2, params=SamplingParams(seed=1), emit=lambda ev: None)
+def ask(served: ServedAgents, prompt: list[int], max_tokens: int = 2) -> ServedRequest:
+    r = ServedRequest(prompt=list(prompt), max_tokens=max_tokens, params=SamplingParams(seed=1),
+                      emit=lambda ev: None)
     served.submit(r)
     return r
 
@@ -77,9 +83,14 @@ def round_once(agents: int, tokens: int, seed: int) -> dict[str, float]:
     rng = random.Random(seed + 1)
     out = {}
     held = [a for a in e.agents if a.history]
+    out["first look"] = place(e, served, held[0].history + [rng.randrange(1000, 30000) for _ in range(8)])
+    # every agent takes a turn: a user message, a reply
+    turns = [ask(served, a.history + [rng.randrange(1000, 30000) for _ in range(TURN_TOKENS)], REPLY_TOKENS)
+             for a in held[1:]]
+    while not all(r.finish_reason is not None for r in turns):
+        e.step()
     a = held[len(held) // 2]
-    own = a.history[: len(a.history)]
-    out["continue"] = place(e, served, own + [rng.randrange(1000, 30000) for _ in range(64)])
+    out["continue"] = place(e, served, a.history + [rng.randrange(1000, 30000) for _ in range(TURN_TOKENS)])
     fresh = convs[0][:SYSTEM_TOKENS] + [rng.randrange(1000, 30000) for _ in range(tokens - SYSTEM_TOKENS)]
     out["new"] = place(e, served, fresh)
     b = next(x for x in held if x is not a and x.history)
@@ -103,11 +114,11 @@ def main() -> None:
         for tokens in a.tokens:
             runs = [round_once(n, tokens, seed) for seed in range(a.rounds)]
             parts = []
-            for case in CASES:
+            for case in ("first look", *CASES):
                 xs = [r[case] * 1e6 for r in runs]
                 parts.append(f"{case} {statistics.median(xs):,.0f} us ({min(xs):,.0f}-{max(xs):,.0f})")
             print(f"{n} agents x {tokens} tokens: " + "; ".join(parts), flush=True)
-            worst = [max(r.values()) * 1e6 for r in runs]
+            worst = [max(r[c] for c in CASES) * 1e6 for r in runs]
             last = (f"placement at {n} agents x {tokens} tokens: worst {statistics.median(worst):,.0f} us "
                     f"({min(worst):,.0f}-{max(worst):,.0f})")
     print(last)
