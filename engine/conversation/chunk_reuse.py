@@ -13,8 +13,13 @@ the next token is sampled from its row.
 A kept chunk is an approximation: its cells attended to the old text before it. docs/serving.md gives
 its measured cost (next-token KL against a full prefill, bench/cache_reuse.py)."""
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from swarmtune.engine.conversation.token_hashes import TokenHashes
 
 DEFAULT_MIN_TOKENS = 64  # --cache-reuse's default; docs/serving.md says how it was chosen
 MAX_CANDIDATES = 32
@@ -60,26 +65,44 @@ def unfold(history_len: int, pending: Sequence[int], kept: Sequence[KeptChunk]) 
     return out + list(pending[i:])
 
 
+def seed_tokens(min_tokens: int) -> int:
+    """The n-gram runs of at least min_tokens are found from (0: none are looked for)."""
+    return max(1, min(SEED_TOKENS, min_tokens)) if min_tokens > 0 else 0
+
+
 def plan(held: Sequence[int], prompt: Sequence[int], keep: int, min_tokens: int) -> list[Chunk]:
     """The chunks of held[keep:] to keep in prompt[keep:], in order, each at least min_tokens long; [] when
     min_tokens is 0 (off) or nothing reappears."""
     if min_tokens <= 0:
         return []
     end = len(prompt) - 1  # the last token is prefilled
-    seed = max(1, min(SEED_TOKENS, min_tokens))
-    index: dict[tuple[int, ...], list[int]] = {}
-    for i in range(keep, len(held) - seed + 1):
-        index.setdefault(tuple(held[i : i + seed]), []).append(i)
+    seed = seed_tokens(min_tokens)
+    if end - keep < min_tokens or len(held) - keep < seed:
+        return []
+    # the runs are found from their seeds (n-grams), hashed: every seed of held after keep, sorted, and
+    # which prompt positions' seeds are among them at all (the others are passed over in one step)
+    held_seeds = TokenHashes(held[keep:]).seeds(seed)
+    prompt_seeds = TokenHashes(prompt[keep : end - min_tokens + seed]).seeds(seed)
+    order = np.argsort(held_seeds, kind="stable")  # a seed's places stay in their order
+    by_seed = held_seeds[order]
+    seen = np.flatnonzero(np.isin(prompt_seeds, held_seeds)).tolist()
     chunks: list[Chunk] = []
     hc, hp = keep, keep  # the old history is used from hc, the prompt is placed from hp
     while hp + min_tokens <= end:
+        at = bisect_left(seen, hp - keep)
+        if at == len(seen):
+            break
+        hp = keep + seen[at]
+        if hp + min_tokens > end:
+            break
+        x = prompt_seeds[hp - keep]
+        found = (order[np.searchsorted(by_seed, x) : np.searchsorted(by_seed, x, side="right")] + keep).tolist()
         best_at, best_n = -1, 0
         # a repetitive text seeds many runs: the first few after hc are enough to find a long one
-        found = index.get(tuple(prompt[hp : hp + seed]), ())
         for i in [i for i in found if i >= hc and hp - i <= MAX_INSERTED][:MAX_CANDIDATES]:
-            n = seed
-            while hp + n < end and i + n < len(held) and held[i + n] == prompt[hp + n]:
-                n += 1
+            if held[i : i + seed] != prompt[hp : hp + seed]:
+                continue  # two seeds with one hash
+            n = _run(held, i, prompt, hp, seed, end)
             if n > best_n:
                 best_at, best_n = i, n
         if best_n >= min_tokens:
@@ -88,3 +111,15 @@ def plan(held: Sequence[int], prompt: Sequence[int], keep: int, min_tokens: int)
         else:
             hp += 1
     return chunks
+
+
+def _run(held: Sequence[int], i: int, prompt: Sequence[int], hp: int, n: int, end: int) -> int:
+    """How far held from i and prompt from hp agree (they do for their first n), short of the prompt's end:
+    compared a slice at a time, then token by token."""
+    most = min(end - hp, len(held) - i)
+    step = 256
+    while n + step <= most and held[i + n : i + n + step] == prompt[hp + n : hp + n + step]:
+        n += step
+    while n < most and held[i + n] == prompt[hp + n]:
+        n += 1
+    return n
