@@ -12,6 +12,7 @@ from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import KeptChunk, unfold
 
 TAIL_CHARS = 48  # the tail of its text an agent shows
+EDITS_KEPT = 16  # how many of its last edits an agent remembers the extent of
 
 
 class AgentState(Enum):
@@ -55,6 +56,24 @@ class Agent:
     reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
     miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short
     kept: list[KeptChunk] = field(default_factory=list)  # cut from its cells, put back as its prefill reaches them
+    # every change of what it knows (history + pending) other than tokens added at its end, and of the last
+    # few, how many of the tokens it knew each left in place: a prefix index (engine/agents/prefix_index.py)
+    # hashes only what an edit changed and what was added since
+    edits: int = 0
+    intact: list[tuple[int, int]] = field(default_factory=list)
+
+    def _edited(self, intact: int) -> None:
+        self.edits += 1
+        self.intact.append((self.edits, intact))
+        if len(self.intact) > EDITS_KEPT:
+            del self.intact[0]
+
+    def intact_since(self, edits: int) -> int | None:
+        """How many of the tokens it knew after edit number `edits` every edit since has left in place (tokens
+        added since are not counted); None where the edits since are too many to say."""
+        since = [n for e, n in self.intact if e > edits]
+        return min(since, default=len(self.history) + len(self.pending)) if len(since) == self.edits - edits \
+            else None
 
     @property
     def context(self) -> int:
@@ -81,6 +100,7 @@ class Agent:
     def start(self, prompt: list[int]) -> None:
         """Its cells are gone (the caller dropped them): it begins again from prompt, to prefill."""
         self.history, self.pending = [], list(prompt)
+        self._edited(0)
         self.state = AgentState.PREFILL
         self.next_token, self.turn_generated, self.turn_text = None, 0, ""
         self.tool_ready_at, self.tool_pending = None, []
@@ -96,6 +116,7 @@ class Agent:
     def prefill_next(self, tokens: list[int]) -> None:
         """What comes next is known now (a tool result with no wait): prefilled, then it generates."""
         self.pending = tokens
+        self._edited(len(self.history))
         self.state = AgentState.PREFILL
 
     def wait_for_tool(self, result: list[int], ready_at_s: float) -> None:
@@ -118,18 +139,22 @@ class Agent:
         """Only the first `keep` tokens of its conversation stay: its cells past them are gone (the caller
         truncated them), or, dropped, its queued prefill is cut."""
         if self.residency is Residency.CACHE:
+            self._edited(min(keep, len(self.history)))
             self.history = self.history[:keep]
             self.pending = []
         else:
             self.pending = self.pending[:keep]
+            self._edited(min(keep, len(self.history)))
 
     def truncated(self, keep: int) -> None:
         """Its cells past `keep` are gone (the caller cut or truncated them)."""
+        self._edited(min(keep, len(self.history)))
         self.history = self.history[:keep]
 
     def copied(self, history: list[int]) -> None:
         """Another agent's cells were copied into its stream (a shared prefix)."""
         self.history = list(history)
+        self._edited(0)
 
     def stopped_midway(self) -> None:
         """Its client left while it prefilled or decoded: it keeps the cells it has, no more."""
@@ -138,6 +163,7 @@ class Agent:
             self.residency = Residency.NONE  # its history waits in `pending`, as a dropped one's does
         else:
             self.pending = []
+        self._edited(len(self.history))
 
     def due(self, now_s: float) -> bool:
         """What it waits for has arrived."""
@@ -163,10 +189,13 @@ class Agent:
     def pasted(self) -> None:
         """The first chunk it kept went back into its cells at its place."""
         k = self.kept.pop(0)
-        self.history.extend(k.tokens)
+        self._edited(len(self.history))
+        self.history.extend(k.tokens)  # inserted before what is still pending
 
     def decoded(self, fed: int, step: int) -> None:
         """The token it was fed is in its cells; it generated one more."""
+        if self.pending:
+            self._edited(len(self.history))  # not at the end of what it knows
         self.history.append(fed)
         self.generated += 1
         self.turn_generated += 1
@@ -196,6 +225,7 @@ class Agent:
         if self.kept:
             self.pending = unfold(len(self.history), self.pending, self.kept)
             self.kept = []
+            self._edited(len(self.history))
 
     def evict(self) -> None:
         """Its cells are gone while it waits: its history will be prefilled again when it runs next."""

@@ -6,6 +6,7 @@ through engine/agents/cells.py."""
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.agents.cells import Cells
+from swarmtune.engine.agents.prefix_index import BLOCK_TOKENS, PrefixIndex, PromptHashes
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import chunk_reuse
 from swarmtune.engine.conversation.chunk_reuse import KeptChunk
@@ -18,8 +19,12 @@ MIN_COPY_TOKENS = 16
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many first tokens a and b share: compared a slice at a time (in C), then token by token."""
     n = min(len(a), len(b))
     i = 0
+    step = 256
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
     while i < n and a[i] == b[i]:
         i += 1
     return i
@@ -54,6 +59,31 @@ class CellReuse:
         # kept only where prefilling it would take longer than putting it back (engine/conversation/chunk_reuse.py)
         self.prefill_s_per_token: float | None = None
         self.paste_s_per_cell: float | None = None
+        # where a prompt's tokens already are: the agents that share most of it, and those that may hold a
+        # run --cache-reuse could keep (hashes, kept up as the agents' tokens grow)
+        self.index = PrefixIndex(chunk_reuse.seed_tokens(cache_reuse), cache_reuse)
+
+    def hashed(self, prompt: list[int], agents: list[Agent]) -> PromptHashes:
+        """The prompt's hashes, against every agent's tokens as they are now."""
+        self.index.sync(agents)
+        return self.index.prompt(prompt)
+
+    def longest_prefix(self, p: PromptHashes, agents: list[Agent]) -> Agent:
+        """Of agents, the one whose known tokens share most of the prompt from its start (the lowest id of
+        those that share as much)."""
+        k, holders = self.index.deepest(p, {a.id for a in agents})
+        at_least = k * BLOCK_TOKENS
+        return max((a for a in agents if a.id in holders),
+                   key=lambda a: (self.index.prefix(a, p, at_least), -a.id))
+
+    def copyable(self, agents: list[Agent]) -> dict[int, int]:
+        """The agents whose cells a copy could take, each with how many cells it holds."""
+        return {d.id: len(d.history) for d in self.donors(None, agents)}
+
+    def own_tokens(self, a: Agent, copyable: dict[int, int]) -> int:
+        """Its known tokens no copy of another agent's cells (of those copyable) could give back (to a
+        block): those past the most any other agent's cells share with them."""
+        return len(a.history) + len(a.pending) - self.index.shared_with_others(a, copyable)
 
     def learn(self, step: StepRecord) -> None:
         """A step's measured prefill rate and paste cost."""
@@ -63,14 +93,16 @@ class CellReuse:
             if m.op == "paste" and m.cells > 0:
                 self.paste_s_per_cell = _ema(self.paste_s_per_cell, m.seconds / m.cells)
 
-    def cut(self, a: Agent, keep: int, prompt: list[int]) -> list[KeptChunk]:
+    def cut(self, a: Agent, keep: int, prompt: list[int], planned: list[chunk_reuse.Chunk] | None = None
+            ) -> list[KeptChunk]:
         """Past the divergence, runs of its old cells that reappear later in the prompt are cut out to be
-        put back shifted (engine/conversation/chunk_reuse.py) rather than prefilled; the rest of its cells go."""
+        put back shifted (engine/conversation/chunk_reuse.py) rather than prefilled; the rest of its cells go.
+        planned: the runs, where they were planned already on these tokens from keep."""
         held = a.history
         if (self.cache_reuse <= 0 or a.residency is not Residency.CACHE or a.pending or keep >= len(held)
                 or self.backend.why_no_shift() is not None):
             return []
-        chunks = self.plan(held, prompt, keep)
+        chunks = planned if planned is not None else self.plan(held, prompt, keep)
         if not chunks:
             return []
         handles = self.cells.cut(a, keep, chunks)
@@ -83,17 +115,25 @@ class CellReuse:
             return
         self.cells.continue_from(a, keep)
 
-    def donors(self, a: Agent, agents: list[Agent]) -> list[Agent]:
+    def donors(self, a: Agent | None, agents: list[Agent]) -> list[Agent]:
         return [d for d in agents if d is not a and d.residency is Residency.CACHE and d.history
                 and d.state is not AgentState.PREEMPTED and d.seq < self.backend.n_seqs]
 
-    def reusable(self, held: list[int], prompt: list[int]) -> int:
-        """How many of prompt's tokens held's cells would give: the common prefix, and with --cache-reuse the
-        chunks after it (versions of one conversation share a prefix; the latest shares the most after it)."""
-        n = min(common_prefix(held, prompt), len(prompt) - 1)
-        if self.cache_reuse <= 0 or self.backend.why_no_shift() is not None:
-            return n
-        return n + sum(c.tokens for c in self.plan(held, prompt, n))
+    def reusable(self, a: Agent, p: PromptHashes) -> int:
+        """How many of the prompt's tokens a's known tokens would give: the common prefix, and with
+        --cache-reuse the chunks after it (versions of one conversation share a prefix; the latest shares
+        the most after it)."""
+        n = min(self.index.prefix(a, p), len(p.tokens) - 1)
+        return n + self._runs(a.id, known(a), p, n, self.index.may_hold_a_run(p, {a.id}).get(a.id))
+
+    def _runs(self, owner: int, held: list[int], p: PromptHashes, keep: int, last_window: int | None) -> int:
+        """The tokens of the chunks kept past keep (planned, and kept in p for a cut that follows);
+        last_window: the last prompt window where held has an anchor (None: none, so no run)."""
+        if last_window is None or last_window < keep or self.cache_reuse <= 0 or self.backend.why_no_shift():
+            return 0
+        chunks = self.plan(held, p.tokens, keep)
+        p.plans[owner] = (keep, len(held), chunks)
+        return sum(c.tokens for c in chunks)
 
     def plan(self, held: list[int], prompt: list[int], keep: int) -> list[chunk_reuse.Chunk]:
         """The chunks --cache-reuse keeps, less those whose paste (the sequence up to its end saved and set
@@ -104,24 +144,59 @@ class CellReuse:
             return chunks
         return [c for c in chunks if c.tokens * pre > (c.prompt_at + c.tokens) * paste]
 
-    def shared_prefix(self, prompt: list[int], but: Agent, agents: list[Agent]) -> int:
+    def shared_prefix(self, p: PromptHashes, but: Agent, agents: list[Agent]) -> int:
         """The most of the prompt a copy of another agent's cells would give."""
-        return max((self.reusable(d.history, prompt) for d in self.donors(but, agents)), default=0)
+        return self.best_copy(p, but, agents)[0]
 
-    def copy_shared_prefix(self, a: Agent, prompt: list[int], agents: list[Agent]) -> tuple[list[KeptChunk], int, int]:
+    def best_copy(self, p: PromptHashes, but: Agent, agents: list[Agent]) -> tuple[int, Agent | None]:
+        """Of the agents but `but` whose cells could be copied, the one whose cells give most of the prompt
+        (the first, in the agents' order, of those that give as much), and how much. Only the agents the
+        index says could matter are measured: those that share most of the prompt's start, and those that
+        may hold a run past their own prefix. Asked again for the same prompt and agent, the same answer
+        (a placement asks twice; nothing it does between changes any other agent's cells)."""
+        if but.id in p.copies:
+            return p.copies[but.id]
+        p.copies[but.id] = out = self._best_copy(p, but, agents)
+        return out
+
+    def _best_copy(self, p: PromptHashes, but: Agent, agents: list[Agent]) -> tuple[int, Agent | None]:
+        donors = self.donors(but, agents)
+        if not donors:
+            return 0, None
+        end = len(p.tokens) - 1
+        ids = {d.id for d in donors}
+        k, holders = self.index.deepest(p, ids)
+        depth = k * BLOCK_TOKENS
+
+        def prefix(d: Agent, at_least: int = 0) -> int:  # what its cells (its history) give from the start
+            return min(self.index.prefix(d, p, at_least), len(d.history), end)
+
+        gives = {d.id: prefix(d, depth) for d in donors if d.id in holders}
+        if max(gives.values()) < depth or not depth:
+            # a history (or the prompt's end) holds every one of them below the depth: any may give as much
+            gives = {d.id: prefix(d) for d in donors}
+        runs = self.index.may_hold_a_run(p, ids) if self.cache_reuse > 0 else {}
+        for d in donors:
+            window = runs.get(d.id)
+            if window is not None:
+                keep = gives[d.id] if d.id in gives else prefix(d)
+                gives[d.id] = keep + self._runs(d.id, d.history, p, keep, window)
+        best = max(gives.values())
+        return best, next(d for d in donors if gives.get(d.id) == best)
+
+    def copy_shared_prefix(self, a: Agent, p: PromptHashes, agents: list[Agent]) -> tuple[list[KeptChunk], int, int]:
         """A new conversation that begins as another agent's does (a system prompt, tool definitions; or
         that agent's conversation, edited or trimmed): copy those cells rather than prefill them, and the
         chunks of the rest that reappear later in the prompt (the copy moves the whole stream anyway).
         Returns (the chunks kept, the tokens copied, the agent copied from: -1 for none)."""
-        donors = self.donors(a, agents)
-        if not self.copy_prefix or not donors:
+        if not self.copy_prefix:
             return [], 0, -1
-        reuse = {d.id: self.reusable(d.history, prompt) for d in donors}
-        best = max(donors, key=lambda d: reuse[d.id])
-        if reuse[best.id] < MIN_COPY_TOKENS:
+        gives, best = self.best_copy(p, a, agents)
+        if best is None or gives < MIN_COPY_TOKENS:
             return [], 0, -1
-        n = min(common_prefix(best.history, prompt), len(prompt) - 1)
+        n = min(common_prefix(best.history, p.tokens), len(p.tokens) - 1)
+        planned = p.planned(best.id, n, len(best.history))
         self.cells.copy_from(best, a)
-        kept = self.cut(a, n, prompt)
+        kept = self.cut(a, n, p.tokens, planned)
         self.rewind(a, n)
         return kept, n, best.id

@@ -26,6 +26,7 @@ from swarmtune.engine.agents.agent_source import TrafficShape
 from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, CellReuse, common_prefix, known, to_prefill
 from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.agents.miss_reasons import MissReasons
+from swarmtune.engine.agents.prefix_index import PromptHashes
 from swarmtune.engine.agents.traffic_watch import TrafficWatch
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import cache_miss, chunk_reuse
@@ -314,7 +315,7 @@ class ServedAgents:
                 if req.key is not None:
                     continue  # its own agent is busy: it waits, the others go on
                 break
-            self._assign(picked[0], picked[1], req)
+            self._assign(picked[0], picked[1], req, picked[2])
             taken.append(req)
         if taken:
             with self._lock:
@@ -327,34 +328,36 @@ class ServedAgents:
         return [a for a in agents if a.id not in self._active and a.state is AgentState.CLIENT
                 and a.tool_ready_at is None and a.seq < self.backend.n_seqs]
 
-    def _pick(self, agents: list[Agent], req: ServedRequest) -> tuple[Agent, bool] | None:
-        """The agent for req, and whether req continues its conversation (else it displaces it)."""
+    def _pick(self, agents: list[Agent], req: ServedRequest) -> tuple[Agent, bool, PromptHashes | None] | None:
+        """The agent for req, whether req continues its conversation (else it displaces it), and the
+        prompt's hashes where they were needed."""
         idle = self._idle(agents)
         if req.key is not None:
             own = [a for a in agents if self._keys.get(a.id) == req.key]
             if own:
-                return (own[0], True) if own[0] in idle else None
+                return (own[0], True, None) if own[0] in idle else None
         free = [a for a in idle if req.key is None or a.id not in self._keys]
         if not free:
             return None
-        best = max(free, key=lambda a: (common_prefix(known(a), req.prompt), -a.id))
+        p = self.reuse.hashed(req.prompt, agents)
+        best = self.reuse.longest_prefix(p, free)
         n = common_prefix(known(best), req.prompt)
         if n and (n == len(known(best)) or n >= self._prompt_end.get(best.id, n + 1)):
             # its continuation: the whole history, or all of its last prompt and a reply the client rendered
             # back in other tokens (the end of a reply often tokenizes otherwise once it is followed by text)
-            return best, True
+            return best, True, p
         # an edited or trimmed conversation, or a new one: a free agent, which copies the prefix it shares with
         # any agent; the old conversation stays whole for its own return
-        empty = [a for a in free if not known(a)]
+        empty = [a for a in free if not a.history and not a.pending]
         if empty:
-            return min(empty, key=lambda a: a.id), True
+            return min(empty, key=lambda a: a.id), True, p
         victim = self._victim(free)
-        r = self.reuse.reusable(known(victim), req.prompt)
-        if r >= MIN_COPY_TOKENS and r >= self.reuse.shared_prefix(req.prompt, victim, self._agents):
+        r = self.reuse.reusable(victim, p)
+        if r >= MIN_COPY_TOKENS and r >= self.reuse.shared_prefix(p, victim, self._agents):
             # the conversation it would displace is the one it edits (not one that shares no more than a chat
             # template's first tokens, or less than a copy from another agent would give): keep what it can
-            return victim, True
-        return victim, False
+            return victim, True, p
+        return victim, False, p
 
     def _victim(self, free: list[Agent]) -> Agent:
         """The waiting conversation whose cells are worth least: its own cells (what no copy of another
@@ -363,11 +366,10 @@ class ServedAgents:
         least recently used breaks ties: with nothing learnt yet, the rule is LRU."""
         now = time.perf_counter()
         typical = self.watch.typical_wait_s()
+        copyable = self.reuse.copyable(self._agents)
 
         def value(a: Agent) -> tuple[float, float, int]:
-            held = known(a)
-            own = len(held) - max((common_prefix(d.history, held) for d in self.reuse.donors(a, self._agents)),
-                                  default=0)
+            own = self.reuse.own_tokens(a, copyable)
             gap = self._gap_s.get(a.id, typical)
             waited = now - self._replied_at.get(a.id, self._last_used.get(a.id, now))
             patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
@@ -376,7 +378,7 @@ class ServedAgents:
 
         return min(free, key=value)
 
-    def _assign(self, a: Agent, continues: bool, req: ServedRequest) -> None:
+    def _assign(self, a: Agent, continues: bool, req: ServedRequest, p: PromptHashes | None) -> None:
         gone = (known(a), a.label) if not continues and known(a) else None
         if not continues:
             self.start_task(a)
@@ -389,10 +391,11 @@ class ServedAgents:
         dropped = a.residency is Residency.NONE and keep > 0
         keep_all = keep
         keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
-        kept = self.reuse.cut(a, keep, req.prompt)
+        kept = self.reuse.cut(a, keep, req.prompt, p.planned(a.id, keep, len(a.history)) if p else None)
         self.reuse.rewind(a, keep)
         if not a.history and not a.pending and not kept:
-            kept, req.copied_tokens, req.copied_from = self.reuse.copy_shared_prefix(a, req.prompt, self._agents)
+            p = p or self.reuse.hashed(req.prompt, self._agents)
+            kept, req.copied_tokens, req.copied_from = self.reuse.copy_shared_prefix(a, p, self._agents)
         req.cached_tokens = len(a.history) if a.residency is not Residency.NONE else 0
         req.shifted_tokens = sum(len(k.tokens) for k in kept)
         req.cached_tokens += req.shifted_tokens
