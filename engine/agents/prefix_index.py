@@ -20,7 +20,7 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.conversation.chunk_reuse import Chunk
-from swarmtune.engine.conversation.token_hashes import TokenHashes, shared_prefix, window_min
+from swarmtune.engine.conversation.token_hashes import HEADROOM_TOKENS, TokenHashes, shared_prefix, window_min
 
 BLOCK_TOKENS = 16
 
@@ -168,7 +168,7 @@ class PrefixIndex:
             if windows > k.windows:
                 mins = window_min(h.seeds(self.seed, start=k.windows), self.window)
                 if len(k.mins) < windows:  # room to grow into, as a list doubles
-                    grown = np.empty(max(windows, 2 * len(k.mins)), dtype=np.uint64)
+                    grown = np.empty(max(windows + HEADROOM_TOKENS, 2 * len(k.mins)), dtype=np.uint64)
                     grown[: k.windows] = k.mins[: k.windows]
                     k.mins = grown
                 k.mins[k.windows : windows] = mins

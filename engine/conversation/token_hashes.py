@@ -14,6 +14,8 @@ _P = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _P_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
 _MIX = np.uint64(0xFF51AFD7ED558CCD)
 _SHIFT = np.uint64(33)
+_TOP = np.iinfo(np.uint64).max
+HEADROOM_TOKENS = 1024
 
 
 class _Powers:
@@ -52,7 +54,7 @@ def window_min(values: np.ndarray, window: int) -> np.ndarray:
     if window == 1:
         return values.copy()
     blocks = -(-n // window)
-    padded = np.full(blocks * window, np.iinfo(np.uint64).max, dtype=np.uint64)
+    padded = np.full(blocks * window, _TOP, dtype=np.uint64)
     padded[:n] = values
     grid = padded.reshape(blocks, window)
     ahead = np.minimum.accumulate(grid, axis=1).ravel()  # from each block's start
@@ -76,7 +78,8 @@ class TokenHashes:
         n = self.n
         POWERS.at_least(n + k + 1)
         if len(self.prefix) < n + k + 1:
-            grown = np.zeros(max(n + k + 1, 2 * len(self.prefix)), dtype=np.uint64)
+            # room for a conversation to go on growing: one allocation per doubling, not per append
+            grown = np.empty(max(n + k + 1 + HEADROOM_TOKENS, 2 * len(self.prefix)), dtype=np.uint64)
             grown[: n + 1] = self.prefix[: n + 1]
             self.prefix = grown
         terms = _mixed(tokens) * POWERS.up[n : n + k]
