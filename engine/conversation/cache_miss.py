@@ -23,13 +23,21 @@ class CacheMiss:
 
 
 def _find(hay: Sequence[int], needle: Sequence[int], start: int) -> int:
-    """The first index >= start where needle occurs in hay; -1 if none."""
+    """The first index >= start where needle occurs in hay; -1 if none (its first token looked for by
+    list.index, in C: a placement on the engine's thread asks this of 8k-token conversations)."""
     if not needle:
         return -1
+    hay, needle = list(hay), list(needle)
     first, n = needle[0], len(needle)
-    for i in range(start, len(hay) - n + 1):
-        if hay[i] == first and list(hay[i : i + n]) == list(needle):
+    i = start
+    while i <= len(hay) - n:
+        try:
+            i = hay.index(first, i, len(hay) - n + 1)
+        except ValueError:
+            return -1
+        if hay[i : i + n] == needle:
             return i
+        i += 1
     return -1
 
 
