@@ -3,9 +3,10 @@ engine/measure/energy_share.py), on the sim backend: the first position it did n
 the cause in words; its steps' seconds and its share of their energy."""
 
 from swarmtune.engine.agents.agent import Residency
-from swarmtune.engine.agents.served import ServedAgents, common_prefix
+from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.conversation.cache_miss import diverged
+from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.power.meter import make_meter

@@ -8,11 +8,12 @@ import random
 import pytest
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
-from swarmtune.engine.agents.cell_reuse import CellReuse, common_prefix, known
+from swarmtune.engine.agents.cell_reuse import CellReuse, known
 from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.agents.prefix_index import BLOCK_TOKENS, PrefixIndex
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.conversation import chunk_reuse
+from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM
@@ -76,7 +77,7 @@ def test_the_index_answers_as_the_walks_do(cache_reuse):
             assert r.longest_prefix(p, free) is walked
             for a in agents:
                 most = max((common_prefix(d.history, known(a)) for d in r.donors(a, agents)), default=0)
-                assert r.own_tokens(a, r.copyable(agents)) == len(known(a)) - most // BLOCK_TOKENS * BLOCK_TOKENS
+                assert r.own_tokens([a], agents)[a.id] == len(known(a)) - most // BLOCK_TOKENS * BLOCK_TOKENS
                 assert r.reusable(a, p) == _walk_reusable(r, known(a), prompt)
                 donors = r.donors(a, agents)
                 gives, best = r.best_copy(p, a, agents)

@@ -7,9 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from swarmtune.engine.agents.cell_reuse import common_prefix
 from swarmtune.engine.conversation import chunk_reuse
-from swarmtune.engine.conversation.token_hashes import TokenHashes, shared_prefix, window_min
+from swarmtune.engine.conversation.token_hashes import TokenHashes, common_prefix, shared_prefix, window_min
 
 
 def _reference_plan(held: list[int], prompt: list[int], keep: int, min_tokens: int) -> list[chunk_reuse.Chunk]:

@@ -10,24 +10,13 @@ from swarmtune.engine.agents.prefix_index import BLOCK_TOKENS, PrefixIndex, Prom
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import chunk_reuse
 from swarmtune.engine.conversation.chunk_reuse import KeptChunk
+from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.records import StepRecord
 
 # A shared prefix shorter than this is prefilled. A copy between streams moves the whole stream, but cheaply:
 # measured on the default model (bench/prefix_copy.py, 2-core CPU, f16, 2,048 cells), the first token after
 # a copy came 0.24x as late as after prefilling a 32-token prefix, 0.064x at 256, 0.039x at 1,024
 MIN_COPY_TOKENS = 16
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many first tokens a and b share: compared a slice at a time (in C), then token by token."""
-    n = min(len(a), len(b))
-    i = 0
-    step = 256
-    while i + step <= n and a[i : i + step] == b[i : i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def known(a: Agent) -> list[int]:
@@ -72,18 +61,13 @@ class CellReuse:
         """Of agents, the one whose known tokens share most of the prompt from its start (the lowest id of
         those that share as much)."""
         k, holders = self.index.deepest(p, {a.id for a in agents})
-        at_least = k * BLOCK_TOKENS
-        return max((a for a in agents if a.id in holders),
-                   key=lambda a: (self.index.prefix(a, p, at_least), -a.id))
+        return max((a for a in agents if a.id in holders), key=lambda a: (self.index.prefix(a, p, k), -a.id))
 
-    def copyable(self, agents: list[Agent]) -> dict[int, int]:
-        """The agents whose cells a copy could take, each with how many cells it holds."""
-        return {d.id: len(d.history) for d in self.donors(None, agents)}
-
-    def own_tokens(self, a: Agent, copyable: dict[int, int]) -> int:
-        """Its known tokens no copy of another agent's cells (of those copyable) could give back (to a
-        block): those past the most any other agent's cells share with them."""
-        return len(a.history) + len(a.pending) - self.index.shared_with_others(a, copyable)
+    def own_tokens(self, of: list[Agent], agents: list[Agent]) -> dict[int, int]:
+        """Of each of `of`, its known tokens no copy of another agent's cells could give back (to a block):
+        those past the most any other agent's cells share with them."""
+        shared = self.index.shared_with_others(of, {d.id: len(d.history) for d in self.donors(None, agents)})
+        return {a.id: len(a.history) + len(a.pending) - shared[a.id] for a in of}
 
     def learn(self, step: StepRecord) -> None:
         """A step's measured prefill rate and paste cost."""
@@ -124,16 +108,25 @@ class CellReuse:
         --cache-reuse the chunks after it (versions of one conversation share a prefix; the latest shares
         the most after it)."""
         n = min(self.index.prefix(a, p), len(p.tokens) - 1)
-        return n + self._runs(a.id, known(a), p, n, self.index.may_hold_a_run(p, {a.id}).get(a.id))
+        return n + self._runs(a.id, known(a), p, n, self.index.may_hold_a_run(p, {a.id}, n).get(a.id))
 
     def _runs(self, owner: int, held: list[int], p: PromptHashes, keep: int, last_window: int | None) -> int:
         """The tokens of the chunks kept past keep (planned, and kept in p for a cut that follows);
         last_window: the last prompt window where held has an anchor (None: none, so no run)."""
-        if last_window is None or last_window < keep or self.cache_reuse <= 0 or self.backend.why_no_shift():
+        if self.cache_reuse <= 0 or self.backend.why_no_shift():
             return 0
-        chunks = self.plan(held, p.tokens, keep)
+        chunks = self.plan(held, p.tokens, keep) if last_window is not None and last_window >= keep else []
         p.plans[owner] = (keep, len(held), chunks)
         return sum(c.tokens for c in chunks)
+
+    def known_runs(self, owner: Agent, keep: int, p: PromptHashes) -> list[chunk_reuse.Chunk] | None:
+        """The runs --cache-reuse keeps of owner's cells past keep, where already planned for this prompt
+        or where the index says there are none; None: not known without a plan."""
+        got = p.planned(owner.id, keep, len(owner.history))
+        if got is not None:
+            return got
+        window = self.index.may_hold_a_run(p, {owner.id}, keep).get(owner.id)
+        return [] if window is None else None
 
     def plan(self, held: list[int], prompt: list[int], keep: int) -> list[chunk_reuse.Chunk]:
         """The chunks --cache-reuse keeps, less those whose paste (the sequence up to its end saved and set
@@ -168,14 +161,16 @@ class CellReuse:
         k, holders = self.index.deepest(p, ids)
         depth = k * BLOCK_TOKENS
 
-        def prefix(d: Agent, at_least: int = 0) -> int:  # what its cells (its history) give from the start
-            return min(self.index.prefix(d, p, at_least), len(d.history), end)
+        def prefix(d: Agent, blocks: int | None = None) -> int:  # what its cells (its history) give
+            return min(self.index.prefix(d, p, blocks), len(d.history), end)
 
-        gives = {d.id: prefix(d, depth) for d in donors if d.id in holders}
+        gives = {d.id: prefix(d, k) for d in donors if d.id in holders}
         if max(gives.values()) < depth or not depth:
             # a history (or the prompt's end) holds every one of them below the depth: any may give as much
             gives = {d.id: prefix(d) for d in donors}
-        runs = self.index.may_hold_a_run(p, ids) if self.cache_reuse > 0 else {}
+        # every donor shares at least this much: a run begins no sooner
+        floor = self.index.shared_by_all(p, ids) * BLOCK_TOKENS
+        runs = self.index.may_hold_a_run(p, ids, floor) if self.cache_reuse > 0 else {}
         for d in donors:
             window = runs.get(d.id)
             if window is not None:
@@ -195,7 +190,7 @@ class CellReuse:
         if best is None or gives < MIN_COPY_TOKENS:
             return [], 0, -1
         n = min(common_prefix(best.history, p.tokens), len(p.tokens) - 1)
-        planned = p.planned(best.id, n, len(best.history))
+        planned = self.known_runs(best, n, p)
         self.cells.copy_from(best, a)
         kept = self.cut(a, n, p.tokens, planned)
         self.rewind(a, n)

@@ -8,10 +8,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from swarmtune.engine.agents.agent import Agent
-from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, common_prefix, known
+from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, known
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import cache_miss
 from swarmtune.engine.conversation.cache_miss import CacheMiss
+from swarmtune.engine.conversation.token_hashes import common_prefix
 
 if TYPE_CHECKING:
     from swarmtune.engine.agents.served import ServedRequest

@@ -20,7 +20,14 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.conversation.chunk_reuse import Chunk
-from swarmtune.engine.conversation.token_hashes import HEADROOM_TOKENS, TokenHashes, shared_prefix, window_min
+from swarmtune.engine.conversation.token_hashes import (
+    HEADROOM_TOKENS,
+    TokenHashes,
+    extend_all,
+    seed_windows,
+    shared_prefix,
+    window_min,
+)
 
 BLOCK_TOKENS = 16
 
@@ -110,33 +117,33 @@ class PrefixIndex:
 
     # keeping up with the agents
     def sync(self, agents: Iterable[Agent]) -> None:
-        """Every agent's hashes up to date; agents no longer there forgotten."""
+        """Every agent's hashes up to date (what each added since, hashed in one pass over the swarm);
+        agents no longer there forgotten."""
         seen = set()
+        grown: list[tuple[int, _Known, list[int]]] = []
         for a in agents:
             seen.add(a.id)
-            self._sync(a)
+            n = len(a.history) + len(a.pending)
+            k = self._known.get(a.id)
+            if k is not None and k.edits != a.edits:
+                intact = a.intact_since(k.edits)
+                if intact is None:
+                    self._drop(a.id)
+                    k = None
+                else:  # what its edits left in place keeps its hashes
+                    self._truncate(a.id, k, intact)
+                    k.edits = a.edits
+            if k is None or n < k.hashes.n:
+                if k is not None:
+                    self._drop(a.id)
+                k = self._known[a.id] = _Known(a.edits)
+                grown.append((a.id, k, a.history + a.pending))
+            elif n > k.hashes.n:
+                grown.append((a.id, k, known_slice(a, k.hashes.n, n)))
         for gone in [i for i in self._known if i not in seen]:
             self._drop(gone)
-
-    def _sync(self, a: Agent) -> None:
-        n = len(a.history) + len(a.pending)
-        k = self._known.get(a.id)
-        if k is not None and k.edits != a.edits:
-            intact = a.intact_since(k.edits)
-            if intact is None:
-                self._drop(a.id)
-                k = None
-            else:  # what its edits left in place keeps its hashes
-                self._truncate(a.id, k, intact)
-                k.edits = a.edits
-        if k is not None and n >= k.hashes.n:
-            if n > k.hashes.n:
-                self._append(a.id, k, known_slice(a, k.hashes.n, n))
-            return
-        if k is not None:
-            self._drop(a.id)
-        k = self._known[a.id] = _Known(a.edits)
-        self._append(a.id, k, a.history + a.pending)
+        if grown:
+            self._append(grown)
 
     def _truncate(self, aid: int, k: _Known, n: int) -> None:
         if n >= k.hashes.n:
@@ -154,28 +161,33 @@ class PrefixIndex:
                 _unhold(self._anchors, gone, aid)
                 k.windows = windows
 
-    def _append(self, aid: int, k: _Known, tokens: list[int]) -> None:
-        h = k.hashes
-        had = h.n
-        h.extend(tokens)
-        first, last = had // BLOCK_TOKENS + 1, h.n // BLOCK_TOKENS
-        if last >= first:
-            new = h.prefix[first * BLOCK_TOKENS : last * BLOCK_TOKENS + 1 : BLOCK_TOKENS].tolist()
-            k.blocks += new
-            _hold(self._blocks, new, aid)
-        if self.window:
-            windows = h.n - self.seed - self.window + 2  # windows whose seeds all lie in the tokens
-            if windows > k.windows:
-                mins = window_min(h.seeds(self.seed, start=k.windows), self.window)
-                if len(k.mins) < windows:  # room to grow into, as a list doubles
-                    grown = np.empty(max(windows + HEADROOM_TOKENS, 2 * len(k.mins)), dtype=np.uint64)
-                    grown[: k.windows] = k.mins[: k.windows]
-                    k.mins = grown
-                k.mins[k.windows : windows] = mins
-                fresh = set(mins.tolist()) - k.anchors
-                k.anchors |= fresh
-                _hold(self._anchors, fresh, aid)
-                k.windows = windows
+    def _append(self, grown: list[tuple[int, _Known, list[int]]]) -> None:
+        had = [k.hashes.n for _, k, _ in grown]
+        extend_all([k.hashes for _, k, _ in grown], [t for _, _, t in grown])
+        for (aid, k, _), n in zip(grown, had, strict=True):
+            h = k.hashes
+            first, last = n // BLOCK_TOKENS + 1, h.n // BLOCK_TOKENS
+            if last >= first:
+                new = h.prefix[first * BLOCK_TOKENS : last * BLOCK_TOKENS + 1 : BLOCK_TOKENS].tolist()
+                k.blocks += new
+                _hold(self._blocks, new, aid)
+        if not self.window:
+            return
+        fresh_mins = seed_windows([k.hashes for _, k, _ in grown], [k.windows for _, k, _ in grown], self.seed,
+                                  self.window)
+        for (aid, k, _), mins in zip(grown, fresh_mins, strict=True):
+            if not len(mins):
+                continue
+            windows = k.windows + len(mins)
+            if len(k.mins) < windows:  # room to grow into, as a list doubles
+                more = np.empty(max(windows + HEADROOM_TOKENS, 2 * len(k.mins)), dtype=np.uint64)
+                more[: k.windows] = k.mins[: k.windows]
+                k.mins = more
+            k.mins[k.windows : windows] = mins
+            fresh = set(mins.tolist()) - k.anchors
+            k.anchors |= fresh
+            _hold(self._anchors, fresh, aid)
+            k.windows = windows
 
     def _drop(self, aid: int) -> None:
         k = self._known.pop(aid)
@@ -188,16 +200,18 @@ class PrefixIndex:
         return PromptHashes(tokens, h, h.prefix[BLOCK_TOKENS : h.n + 1 : BLOCK_TOKENS].tolist(), self.window,
                             self.seed)
 
-    def prefix(self, a: Agent, p: PromptHashes, at_least: int = 0) -> int:
-        """The tokens a's known tokens share with the prompt's first (by their hashes), known to be at
-        least at_least."""
+    def prefix(self, a: Agent, p: PromptHashes, blocks: int | None = None) -> int:
+        """The tokens a's known tokens share with the prompt's first (by their hashes); blocks: the whole
+        blocks they are known to share, and no more (deepest's answer)."""
         k = self._known[a.id]
-        return shared_prefix(k.hashes, p.hashes, lo=at_least)
+        if blocks is None:
+            return shared_prefix(k.hashes, p.hashes)
+        return shared_prefix(k.hashes, p.hashes, blocks * BLOCK_TOKENS, (blocks + 1) * BLOCK_TOKENS)
 
-    def deepest(self, p: PromptHashes, ids: set[int], below: int | None = None) -> tuple[int, set[int]]:
-        """The most whole blocks of the prompt (at most `below` - 1) that any of ids holds, and which of
-        them hold that many (every one of the others holds fewer)."""
-        hi = len(p.blocks) if below is None else min(len(p.blocks), below - 1)
+    def deepest(self, p: PromptHashes, ids: set[int]) -> tuple[int, set[int]]:
+        """The most whole blocks of the prompt that any of ids holds, and which of them hold that many
+        (every one of the others holds fewer)."""
+        hi = len(p.blocks)
         lo = 0  # every id shares 0 blocks
         while lo < hi:  # the holders of block k include the holders of block k + 1
             mid = (lo + hi + 1) // 2
@@ -210,25 +224,50 @@ class PrefixIndex:
             return 0, set(ids)
         return lo, self._blocks[p.blocks[lo - 1]] & ids
 
-    def shared_with_others(self, a: Agent, others: dict[int, int]) -> int:
-        """To a block, the most of a's known tokens that another agent shares from the start; others: the
-        agents that count, each with how many of its tokens do (its cells: its history)."""
-        k = self._known[a.id]
-        lo, hi = 0, len(k.blocks)
+    def shared_by_all(self, p: PromptHashes, ids: set[int]) -> int:
+        """The most whole blocks of the prompt every one of ids holds (each shares at least that many)."""
+        lo, hi = 0, len(p.blocks)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            holders = self._blocks.get(k.blocks[mid - 1], ())
-            if any(x != a.id and others.get(x, 0) >= mid * BLOCK_TOKENS for x in holders):
+            holders = self._blocks.get(p.blocks[mid - 1])
+            if holders is not None and ids <= holders:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo * BLOCK_TOKENS
+        return lo
 
-    def may_hold_a_run(self, p: PromptHashes, ids: set[int]) -> dict[int, int]:
-        """Of ids, those that hold one of the prompt's anchors, each with the last prompt window where
-        one of its anchors is: a run it holds can begin no later (the others hold no run at all)."""
+    def shared_with_others(self, of: list[Agent], others: dict[int, int]) -> dict[int, int]:
+        """Of each of `of`, to a block, the most of its known tokens that another agent shares from the
+        start; others: the agents that count, each with how many of its tokens do (its cells: its history).
+        A binary search over each one's blocks, how many of the others hold a block counted once for all
+        (a block's hash stands for its depth too)."""
+        counted: dict[int, int] = {}
+        out = {}
+        for a in of:
+            blocks = self._known[a.id].blocks
+            own = others.get(a.id, 0)
+            lo, hi = 0, len(blocks)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                block, need = blocks[mid - 1], mid * BLOCK_TOKENS
+                n = counted.get(block)
+                if n is None:
+                    n = counted[block] = sum(1 for x in self._blocks.get(block, ()) if others.get(x, 0) >= need)
+                if n - (own >= need) >= 1:  # another than a itself
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[a.id] = lo * BLOCK_TOKENS
+        return out
+
+    def may_hold_a_run(self, p: PromptHashes, ids: set[int], from_window: int = 0) -> dict[int, int]:
+        """Of ids, those that hold one of the prompt's anchors in a window from from_window on, each with
+        the last prompt window where one of its anchors is: a run it holds there can begin no later (the
+        others hold no run that begins from from_window at all)."""
         out: dict[int, int] = {}
         for value, window in p.anchor_last_window.items():
+            if window < from_window:
+                continue
             for x in self._anchors.get(value, ()):
                 if x in ids and out.get(x, -1) < window:
                     out[x] = window

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from swarmtune.engine.agents.agent import TAIL_CHARS, Agent, AgentState, Residency
 from swarmtune.engine.agents.agent_source import TrafficShape
-from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, CellReuse, common_prefix, known, to_prefill
+from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, CellReuse, known, to_prefill
 from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.agents.miss_reasons import MissReasons
 from swarmtune.engine.agents.prefix_index import PromptHashes
@@ -33,6 +33,7 @@ from swarmtune.engine.conversation import cache_miss, chunk_reuse
 from swarmtune.engine.conversation.cache_miss import CacheMiss
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
+from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.records import RequestRecord, StepRecord
 
@@ -366,10 +367,10 @@ class ServedAgents:
         least recently used breaks ties: with nothing learnt yet, the rule is LRU."""
         now = time.perf_counter()
         typical = self.watch.typical_wait_s()
-        copyable = self.reuse.copyable(self._agents)
+        own_tokens = self.reuse.own_tokens(free, self._agents)
 
         def value(a: Agent) -> tuple[float, float, int]:
-            own = self.reuse.own_tokens(a, copyable)
+            own = own_tokens[a.id]
             gap = self._gap_s.get(a.id, typical)
             waited = now - self._replied_at.get(a.id, self._last_used.get(a.id, now))
             patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
@@ -391,7 +392,7 @@ class ServedAgents:
         dropped = a.residency is Residency.NONE and keep > 0
         keep_all = keep
         keep = min(keep, len(req.prompt) - 1)  # at least one token is prefilled: the next token samples from it
-        kept = self.reuse.cut(a, keep, req.prompt, p.planned(a.id, keep, len(a.history)) if p else None)
+        kept = self.reuse.cut(a, keep, req.prompt, self.reuse.known_runs(a, keep, p) if p and continues else None)
         self.reuse.rewind(a, keep)
         if not a.history and not a.pending and not kept:
             p = p or self.reuse.hashed(req.prompt, self._agents)
