@@ -116,9 +116,9 @@ class PrefixIndex:
         self._anchors: dict[int, set[int]] = {}  # an anchor -> the agents that hold it
 
     # keeping up with the agents
-    def sync(self, agents: Iterable[Agent]) -> None:
-        """Every agent's hashes up to date (what each added since, hashed in one pass over the swarm);
-        agents no longer there forgotten."""
+    def sync(self, agents: Iterable[Agent], complete: bool = True) -> None:
+        """These agents' hashes up to date (what each added since, hashed in one pass over them); complete:
+        they are every agent, and those no longer there are forgotten."""
         seen = set()
         grown: list[tuple[int, _Known, list[int]]] = []
         for a in agents:
@@ -140,7 +140,7 @@ class PrefixIndex:
                 grown.append((a.id, k, a.history + a.pending))
             elif n > k.hashes.n:
                 grown.append((a.id, k, known_slice(a, k.hashes.n, n)))
-        for gone in [i for i in self._known if i not in seen]:
+        for gone in [i for i in self._known if complete and i not in seen]:
             self._drop(gone)
         if grown:
             self._append(grown)

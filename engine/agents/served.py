@@ -441,6 +441,8 @@ class ServedAgents:
         """After every step: each request in it is charged the step's seconds and its share of the energy;
         the requests that ended in it are then written."""
         self.reuse.learn(step)
+        if step.kind == "prefill":  # a prompt's chunk hashed as it goes in, not all at the next placement
+            self.reuse.index.sync([a for a in self._agents if a.id in step.batch_ids], complete=False)
         shares = joules_by_agent(step)
         in_step = set(step.batch_ids)
         # an ended request whose agent another request has taken since (a cancelled one, closed before the
