@@ -138,6 +138,25 @@ def test_every_step_checked_and_each_agent_continues_its_own_text(dev, dev_fresh
     assert _check(e, dev_fresh, most=4) >= 2
 
 
+def test_overlap_is_on_for_the_device_and_samples_what_a_serial_step_samples(dev, dev_fresh):
+    def run(overlap: bool | None) -> tuple[Engine, list[tuple]]:
+        e = Engine(dev, EngineSettings(**{**SETTINGS, "overlap": overlap}))
+        out = []
+        for _ in range(40):
+            r = e.step()
+            out.append((r.kind, r.batch_ids, [(a.context, a.tail) for a in r.agents]))
+        return e, out
+
+    e, launched = run(None)
+    if dev.device is not None:  # on a device llama_decode returns once the graph is queued
+        assert e.overlap and e.in_flight and e.header()["settings"]["overlap"] is True
+    e.overlap = False
+    e.step()  # lands it, launches none
+    assert not e.in_flight
+    assert _check(e, dev_fresh, most=4) >= 2
+    assert run(False)[1] == launched
+
+
 def test_a_kv_switch_by_conversion_k_and_v_apart_keeps_every_cache(dev, dev_fresh):
     e = Engine(dev, EngineSettings(**SETTINGS))
     for _ in range(30):

@@ -225,6 +225,8 @@ class LlamaBackend:
         return Scorer(self._new_context(kv, 1, n_ctx, outputs=True), self.n_vocab, self.max_chunk_tokens)
 
     def _close_ctx(self) -> None:
+        if self.ctx is not None:
+            ll.llama_synchronize(self.ctx)  # a step launched ahead (overlap) ends before its context does
         self._ctx_stack.close()
         self._ctx_stack = ExitStack()
         self.ctx = None
