@@ -18,6 +18,7 @@ from swarmtune.engine.cache_check import check_caches
 from swarmtune.engine.control import Control, EngineState, Pending
 from swarmtune.engine.engine_view import EngineSnapshot, QualityHook, TunerHook
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_budget import KVBudget
 from swarmtune.engine.kv_switch import KVSwitch
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
@@ -54,7 +55,7 @@ class Engine:
                                  self.s.tool_latency_s, self.s.tool_latency_sigma)
         self.slots = max(self.s.agents, 1)
         self.agents: list[Agent] = []
-        self._budgets: dict[tuple[KVSetting, int, float | None], int] = {}  # budget_tokens, computed once per key
+        self.budget = KVBudget(self.facts, self.s)
         # it reads the batch cap and the chunk from the settings, the budget from the KV type in force
         self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv))
         min_need = min_context(self.s)
@@ -94,18 +95,7 @@ class Engine:
     # setup
     def budget_tokens(self, kv: KVSetting) -> int:
         """The tokens of full-attention cache the KV budget holds at this type, over every agent."""
-        key = (kv, self.slots, self.s.kv_budget_bytes)
-        if key not in self._budgets:
-            self._budgets[key] = self._budget_for(kv)
-        return self._budgets[key]
-
-    def _budget_for(self, kv: KVSetting) -> int:
-        if self.s.kv_budget_bytes is None:
-            return self.slots * self.s.ctx_per_agent
-        # each agent's window cells (windowed layers keep window + one ubatch) and recurrent state are fixed
-        # costs; the full-attention layers' tokens share what is left
-        return self.facts.bytes_model.budget_tokens(self.s.kv_budget_bytes, kv, self.slots, self.s.ctx_per_agent,
-                                                    swa_slack_tokens=self.s.chunk_tokens)
+        return self.budget.tokens(kv, self.slots)
 
     def snapshot(self) -> EngineSnapshot:
         """What a shadow of this engine starts from (engine/tune/shadow.py): the agents are the live ones,
@@ -181,17 +171,13 @@ class Engine:
         """The synthetic swarm's turns change shape from the next turn on (a bench's phases: agents that
         read large tool results, then write long answers). A forecast made after it sees the new shape,
         as it would see a real swarm's present traffic."""
-        if gen_tokens is not None:
-            self.s.gen_tokens = self._synthetic().gen_tokens = gen_tokens
-        if tool_tokens is not None:
-            self.s.tool_tokens = self._synthetic().tool_tokens = tool_tokens
-        if tool_latency_s is not None:
-            self.s.tool_latency_s = self._synthetic().tool_latency_s = tool_latency_s
-
-    def _synthetic(self) -> Workload:
-        if not isinstance(self.workload, Workload):
-            raise UserError("only the synthetic swarm's turns can be reshaped")
-        return self.workload
+        for name, value in (("gen_tokens", gen_tokens), ("tool_tokens", tool_tokens),
+                            ("tool_latency_s", tool_latency_s)):
+            if value is not None:
+                if not isinstance(self.workload, Workload):
+                    raise UserError("only the synthetic swarm's turns can be reshaped")
+                setattr(self.s, name, value)
+                setattr(self.workload, name, value)
 
     def state(self) -> EngineState:
         """The settings in force with the change requested and not yet applied over them."""
@@ -249,18 +235,31 @@ class Engine:
             if self._queued:
                 return self._queued.pop(0)
         rec = self._land() if self._landing is not None else self._step()
+        self._observe(rec)
+        if self.overlap and not self._queued and not self.should_yield():
+            self._launch_next()
+        return rec
+
+    def _observe(self, rec: StepRecord) -> None:
+        """A step's hooks: its agents' source, the cache check, the quality check, the tuner."""
         self.workload.on_record(rec)
         if self.s.check:
-            self.check_caches()
+            check_caches(self.backend, self.agents)
         if self.quality is not None:  # before the tuner: what it measures, the tuner reads at once
             for note in self.quality.observe(self, rec):
                 self._queued.append(self.tune_record(note))
         if self.autotune and self.tuner is not None:
             for note in self.tuner.observe(self, rec):
                 self._queued.append(self.tune_record(note))
-        if self.overlap and not self._queued and not self.should_yield():
-            self._launch_next()
-        return rec
+
+    def land(self) -> None:
+        """The step launched ahead (overlap), if any, lands now and its hooks run; its record is what the
+        next step() returns. For a caller about to read the caches between steps: a launched step has
+        written its cells and not yet handed its tokens to their agents."""
+        if self._landing is not None:
+            rec = self._land()
+            self._observe(rec)
+            self._queued.insert(0, rec)
 
     @property
     def in_flight(self) -> bool:
@@ -293,7 +292,9 @@ class Engine:
         return self.clock.now_s()
 
     def check_caches(self) -> None:
-        """Raises CacheMismatch where an agent's cells are not exactly its history (engine/cache_check.py)."""
+        """Raises CacheMismatch where an agent's cells are not exactly its history (engine/cache_check.py);
+        a step launched ahead lands first."""
+        self.land()
         check_caches(self.backend, self.agents)
 
     def _step(self) -> StepRecord:
