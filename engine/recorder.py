@@ -18,6 +18,9 @@ class Recorder:
         self.s = settings  # the engine's own: the KV type and batch cap in force
         self.analysis = analysis
         self._decoding_ids: set[int] = set()  # the last decode batch: who is decoding, not waiting
+        # each agent's last view, handed to every record until the agent changes: a view is made, and its JSON
+        # written (records.view_json), only for what changed
+        self._views: dict[int, AgentView] = {}
 
     def record(self, step: int, t: float, kind: str, batch: list[Agent], seconds: float, tokens: int,
                preempted: list[int], note: str, moved: list[Move], agents: list[Agent], meter: Meter,
@@ -74,6 +77,7 @@ class Recorder:
         if kind == "decode":
             self._decoding_ids = {a.id for a in batch}
         prefilled = {a.id for a in batch} if kind == "prefill" else set()
+        kept = self._views
         out = []
         for a in agents:
             if a.id in prefilled:
@@ -82,6 +86,12 @@ class Recorder:
                 state = "decoding" if a.id in self._decoding_ids else "waiting"
             else:
                 state = a.state.value
-            out.append(AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail, a.residency.value,
-                                 a.label, a.reused_tokens, a.miss))
+            v = kept.get(a.id)
+            # a decoding agent's context moved: most agents stop at the first test
+            if (v is None or v.context != a.context or v.generated != a.generated or v.state != state
+                    or v.tail != a.tail or v.turns != a.turns or v.residency != a.residency.value
+                    or v.limit != a.limit or v.label != a.label or v.reused != a.reused_tokens or v.miss != a.miss):
+                v = kept[a.id] = AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail,
+                                           a.residency.value, a.label, a.reused_tokens, a.miss)
+            out.append(v)
         return out

@@ -82,9 +82,9 @@ def test_the_mean_context_of_no_agent_is_zero():
     assert mean_context([]) == 0.0 and mean_context(iter([100, 301])) == 200.5
 
 
-def test_a_step_line_is_what_asdict_wrote(sim_engine):
-    # to_json reads the fields as they are (asdict's deep copies were most of a 64-agent record's cost): the
-    # lines must stay byte for byte what every recording so far holds
+def test_a_step_line_reads_back_as_what_asdict_held(sim_engine):
+    # to_bytes reads the fields as they are (asdict's deep copies were most of a 64-agent record's cost) and
+    # writes each view once: the line must read back as the record's every field
     from dataclasses import asdict
 
     from swarmtune.engine.records import Move
@@ -95,6 +95,66 @@ def test_a_step_line_is_what_asdict_wrote(sim_engine):
         r.moved.append(Move(agent=0, op="swap_out", bytes=1024, seconds=0.001, source="modeled", cells=3))
         old = asdict(r)
         old["tune"] = None if r.tune is None else r.tune.to_json()
-        assert r.to_json() == json.dumps(old, separators=(",", ":"))
+        assert json.loads(r.to_json()) == json.loads(json.dumps(old))
         seen += bool(r.agents)
     assert seen > 100
+
+
+def test_a_file_line_carries_the_views_that_changed_and_reads_back_whole(sim_engine, tmp_path):
+    from swarmtune.engine.records import RECORD_FORMAT, RecordWriter
+
+    w = RecordWriter(tmp_path / "r.jsonl")
+    w.open({"model": "sim"})
+    recs = []
+    for _ in range(300):
+        r = sim_engine.step()
+        w.write(r)
+        recs.append(r)
+    w.close()
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert lines[0]["format"] == RECORD_FORMAT == 2
+    assert len(lines[1]["agents"]) == len(recs[0].agents)  # the first line has every agent
+    # later lines only the agents whose view changed: in a decode, those in the batch (their context grew)
+    partial = [(d, r) for d, r in zip(lines[1:], recs, strict=True) if len(d["agents"]) < len(r.agents)]
+    assert partial, "no line left an unchanged agent out"
+    for d, r in partial:
+        if d["kind"] == "decode":
+            assert set(r.batch_ids) <= {a["id"] for a in d["agents"]}
+    back = read_recording(tmp_path / "r.jsonl").steps
+    assert [s.agents for s in back] == [r.agents for r in recs]
+
+
+def test_a_recording_of_format_1_still_replays(sim_engine, tmp_path):
+    # recordings made before `format` was in the header: every line lists every agent, json.dumps wrote them
+    from dataclasses import asdict
+
+    recs = [sim_engine.step() for _ in range(60)]
+    lines = [json.dumps({"type": "header", "model": "sim"})]
+    for r in recs:
+        d = asdict(r)
+        d["tune"] = None
+        lines.append(json.dumps(d, separators=(",", ":")))
+    (tmp_path / "old.jsonl").write_text("\n".join(lines) + "\n")
+    back = read_recording(tmp_path / "old.jsonl").steps
+    assert [s.agents for s in back] == [r.agents for r in recs]
+    assert [s.seconds for s in back] == [r.seconds for r in recs]
+
+
+def test_an_agent_that_leaves_is_gone_from_the_file_too(tmp_path):
+    from swarmtune.engine.records import AgentView, RecordWriter, StepRecord
+
+    def rec(step: int, ids: list[int]) -> StepRecord:
+        return StepRecord(step=step, t=0.0, kind="idle", batch=0, batch_ids=[], batch_cap=8, kv_type="f16",
+                          agents=[AgentView(i, 10, "client", 100, 0, 0, "") for i in ids], weight_bytes=0,
+                          kv_bytes=0.0, seconds=0.0, tokens=0, source="measured")
+
+    w = RecordWriter(tmp_path / "g.jsonl")
+    w.open({})
+    for step, ids in enumerate([[0, 1, 2], [0, 2], [0, 2, 3], [2, 3]]):
+        w.write(rec(step, ids))
+    w.close()
+    lines = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()[1:]]
+    assert [d["agents"] for d in lines[1:]] == [[], [{**lines[0]["agents"][0], "id": 3}], []]
+    assert [d.get("agents_gone") for d in lines] == [None, [1], None, [0]]
+    back = read_recording(tmp_path / "g.jsonl").steps
+    assert [[a.id for a in s.agents] for s in back] == [[0, 1, 2], [0, 2], [0, 2, 3], [2, 3]]

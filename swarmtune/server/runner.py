@@ -160,11 +160,12 @@ class EngineRunner:
         self.ready.set()
 
     def _publish(self, records: list[StepRecord]) -> None:
-        # each record serialized once for the file and every reader (twice only where the API hides the text)
+        # each agent's view serialized once for the file and every reader (twice only where the API hides the
+        # text); the file's line carries the views that changed (records.RecordWriter), the API's all of them
         lines = [r.to_json() for r in records]
         if self.recorder is not None:
-            for line in lines:
-                self.recorder.write_line(line)
+            for r in records:
+                self.recorder.write(r)
         if self.served is not None:
             done = self.served.drain_records()
             self.requests_total += len(done)
