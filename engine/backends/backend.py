@@ -29,8 +29,14 @@ class BackendInfo:
     settings: dict[str, object] = field(default_factory=dict)
 
 
+NO_DRAFTS_RECURRENT = "a recurrent state cannot take back the drafts it rejected"
+MAX_DRAFT_TOKENS = 16  # the most drafted tokens a verify step carries for one sequence (--draft N)
+
 # what a launched decode step returns when waited for: each sequence's next token, and seconds
 Landing = Callable[[], tuple[list[int], float]]
+# a launched verify step's: per sequence, the tokens it keeps (the drafts its draws agreed with, then the draw
+# after them), and seconds
+VerifyLanding = Callable[[], tuple[list[list[int]], float]]
 
 
 class Backend(Protocol):
@@ -96,6 +102,20 @@ class Backend(Protocol):
         """decode() begun: the step is on its way (NoKVSlot raised here, as decode raises it); the host may
         do other work, touching nothing of this backend, until it calls what this returns, which waits for
         the step and returns what decode() would."""
+
+    def allow_drafts(self, n: int) -> str | None:
+        """Contexts opened from now on verify up to n drafted tokens a sequence (0: none); None, or why it
+        cannot (then nothing changes)."""
+
+    def why_no_drafts(self, seq: int) -> str | None:
+        """None where seq's drafts can be verified (its rejected cells removed and its draws exact); else why
+        not, in a few words."""
+
+    def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
+                      drafts: list[list[int]]) -> VerifyLanding:
+        """launch_decode with drafted tokens after each sequence's own (none: []): every row's cell written and
+        drawn. What it returns gives each sequence's kept tokens; the cells of the drafts it did not keep are
+        still there, for the caller to truncate."""
 
     def drop(self, seq: int) -> None:
         """Free seq's cache."""

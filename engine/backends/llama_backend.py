@@ -15,7 +15,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import BackendInfo, Landing
+from swarmtune.engine.backends.backend import BackendInfo, Landing, VerifyLanding
 from swarmtune.engine.backends.clock import Clock, WallClock
 from swarmtune.engine.backends.devices import (
     Device,
@@ -57,18 +57,10 @@ def default_use_extra_bufts() -> bool:
 class LlamaBackend:
     source = "measured"
 
-    def __init__(
-        self,
-        facts: ModelFacts,
-        n_threads: int | None = None,
-        n_gpu_layers: int = -1,
-        use_extra_bufts: bool | None = None,
-        flash_attn: bool = True,
-        chunk_tokens: int = 256,
-        measure_routing: bool | None = None,
-        cpu_only: bool = False,
-        device_sampling: bool | None = None,
-    ) -> None:
+    def __init__(self, facts: ModelFacts, n_threads: int | None = None, n_gpu_layers: int = -1,
+                 use_extra_bufts: bool | None = None, flash_attn: bool = True, chunk_tokens: int = 256,
+                 measure_routing: bool | None = None, cpu_only: bool = False,
+                 device_sampling: bool | None = None) -> None:
         """n_gpu_layers: layers offloaded to the build's first device (-1: all); cpu_only keeps the model,
         its cache and every op on the CPU even on a GPU build (the device lane's cross-check)."""
         self.facts = facts
@@ -110,8 +102,7 @@ class LlamaBackend:
         self.mem: Any = None
         self._ctx_stack = ExitStack()
         self.kv = F16  # the live cache's setting, once open() made one
-        self.n_seqs = 0
-        self.ctx_per_seq = 0
+        self.n_seqs, self.ctx_per_seq = 0, 0
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
         self.attn_rot: tuple[bool, ...] = (False, False)
@@ -136,7 +127,7 @@ class LlamaBackend:
         or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
         self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq)
         cp = context_params(kv, n_seqs, ctx_per_seq, max(self.max_chunk_tokens, n_seqs), self.n_threads,
-                            self.flash_attn, self.routing)
+                            self.flash_attn, self.routing, 0 if outputs else self.steps.drafts)
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
@@ -293,6 +284,16 @@ class LlamaBackend:
     def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
         return self.steps.launch_decode(seqs, tokens, positions)
 
+    def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
+                      drafts: list[list[int]]) -> VerifyLanding:
+        return self.steps.launch_verify(seqs, tokens, positions, drafts)
+
+    def allow_drafts(self, n: int) -> str | None:
+        return self.steps.allow_drafts(n)
+
+    def why_no_drafts(self, seq: int) -> str | None:
+        return self.steps.why_no_drafts(seq)
+
     def first_token_after_prefill(self, seq: int) -> int:
         return self.steps.first_token_after_prefill(seq)
 
@@ -356,7 +357,7 @@ class LlamaBackend:
 
 
 def context_params(kv: KVSetting, n_seqs: int, ctx_per_seq: int, n_batch: int, n_threads: int, flash_attn: bool,
-                   routing: RoutingCounter | None) -> Any:
+                   routing: RoutingCounter | None, drafts: int = 0) -> Any:
     """llama_context_params for n_seqs streams of ctx_per_seq cells at KV setting kv (a type, or K/V types as
     "q8_0/f16"), each stream its own (kv_unified off)."""
     cp = ll.llama_context_default_params()
@@ -369,6 +370,12 @@ def context_params(kv: KVSetting, n_seqs: int, ctx_per_seq: int, n_batch: int, n
     cp.type_k = kv.k.ggml_type
     cp.type_v = kv.v.ggml_type
     cp.kv_unified = False
+    if drafts:
+        # a verify step draws a sequence's every drafted row in the graph (backend sampling): llama.cpp's default
+        # limit, one output row per sequence, refuses the second (llama_decode returns -1). Set only for
+        # speculation: past one row, a seeded chain draws from its transactional generator and penalties leave
+        # the device
+        cp.n_outputs_max_per_seq = drafts + 1
     # a quantized V cache needs flash attention
     fa_on = flash_attn or kv.quantized
     cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa_on else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED

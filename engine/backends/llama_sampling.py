@@ -40,6 +40,7 @@ class Samplers:
         # chains llama.cpp has set up for a graph: from then on they are its alone (applied on the host they
         # skip their device samplers; set up twice, they abort), so one that moves is cloned, state and all
         self._bound: set[int] = set()
+        self.penalised_seqs: set[int] = set()  # seqs whose chain has penalties
         self.keep_seq: int | None = None  # its raw logits wanted (the quality check): drawn on the host
         self.host_s = 0.0  # seconds the host spent drawing tokens, since the start
         self._one = ll.llama_token_data()  # the one candidate a grammar checks (draw)
@@ -77,7 +78,9 @@ class Samplers:
             eog = self._eog_tokens()
             bias = (ll.llama_logit_bias * len(eog))(*(ll.llama_logit_bias(t, -math.inf) for t in eog))
             add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
+        self.penalised_seqs.discard(seq)
         if p.penalised:
+            self.penalised_seqs.add(seq)
             # the pinned llama.cpp takes the vocabulary's size first (its device kernel sizes a count per token)
             add(chain, ll.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, 1.0, p.frequency_penalty,
                                                        p.presence_penalty))
@@ -164,6 +167,34 @@ class Samplers:
                 out.append(sample(chains[s], ctx, j))
         self.host_s += time.perf_counter() - t0
         return out
+
+    def verify(self, seqs: Sequence[int], starts: Sequence[int], drafts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Per sequence, the tokens a verify step keeps: its draws row by row from starts[j], for as long as each
+        draw is the draft there, and the draw that ended the run. A draft that is the draw it stands for is
+        kept with the draw's own probability, so the output is distributed as without drafts; under greedy
+        sampling it is the same text. On the host each row is drawn after the last was accepted into the chain
+        (penalties and grammars see the tokens before it); the device draws every row from the chain as the
+        step began, so a penalised chain is drafted only on the host (engine/batch_runner.py)."""
+        t0 = time.perf_counter()
+        out = []
+        for s, j0, d in zip(seqs, starts, drafts, strict=True):
+            kept: list[int] = []
+            for i in range(len(d) + 1):
+                if s in self.on_device and (tok := ll.llama_get_sampled_token_ith(self.ctx, j0 + i)) >= 0:
+                    ll.llama_sampler_accept(self.chains[s], tok)
+                else:
+                    tok = self.draw(s, j0 + i)
+                kept.append(int(tok))
+                if i == len(d) or tok != d[i]:
+                    break
+            out.append(kept)
+        self.host_s += time.perf_counter() - t0
+        return out
+
+    def penalised(self, seq: int) -> bool:
+        """Its chain keeps a history of tokens (penalties): the device would draw every drafted row without
+        the drafts before it."""
+        return seq in self.penalised_seqs
 
     def draw(self, seq: int, row: int) -> int:
         """seq's next token from output row `row`. Under a grammar, llama.cpp's common sampler's way: draw

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import Landing, NoKVSlot
+from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS, NO_DRAFTS_RECURRENT, Landing, NoKVSlot, VerifyLanding
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.errors import Interrupted
 from swarmtune.engine.kv_types import KVSetting
@@ -44,6 +44,7 @@ class LlamaSteps:
         self.routing = routing
         self.last_distinct_experts: list[int] | None = None
         self._abort_cb: object | None = None  # kept here: llama.cpp holds only the pointer
+        self.drafts = 0  # the drafted tokens a verify step may carry per sequence (allow_drafts)
 
     def grow(self, batch_tokens: int) -> None:
         """Room for batches of this many tokens (a context opened with more sequences than the batch held)."""
@@ -101,6 +102,60 @@ class LlamaSteps:
                 self.last_distinct_experts = routing.end()
         launched_s = time.perf_counter() - t0
         return lambda: self._land(seqs, tokens, positions, t0, launched_s)
+
+    def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
+                      drafts: list[list[int]]) -> VerifyLanding:
+        """A decode step whose sequences may carry drafted tokens after the one they were fed: row by row, each
+        sequence's token then its drafts at the positions after it, every row's output drawn. What it returns
+        waits for the device and gives, per sequence, the tokens it keeps: the drafts its own draws agreed with,
+        then the draw after them (engine/backends/llama_sampling.py verify)."""
+        b = self.batch
+        n = len(seqs) + sum(len(d) for d in drafts)
+        if n > self.batch_cap:
+            raise ValueError(f"a verify step carries at most {self.batch_cap} rows (got {n})")
+        b.n_tokens = n
+        starts = []
+        j = 0
+        for s, tok, pos, d in zip(seqs, tokens, positions, drafts, strict=True):
+            starts.append(j)
+            for i, t in enumerate((tok, *d)):
+                b.token[j] = t
+                b.pos[j] = pos + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = s
+                b.logits[j] = 1
+                j += 1
+        t0 = time.perf_counter()
+        self.run()
+        self.last_distinct_experts = None
+        launched_s = time.perf_counter() - t0
+
+        def landed() -> tuple[list[list[int]], float]:
+            t_wait = time.perf_counter()
+            ll.llama_synchronize(self.b.ctx)
+            if self.keep_seq is not None and self.keep_seq in seqs:
+                k = seqs.index(self.keep_seq)
+                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.b.ctx, starts[k]), shape=(self.b.n_vocab,))
+                self.kept.append(KeptLogits(positions[k], tokens[k], self.b.kv, row.copy()))
+            out = self.b.samplers.verify(seqs, starts, drafts)
+            at_once = t_wait - t0 - launched_s < 1e-4
+            return out, (launched_s + time.perf_counter() - t_wait) if at_once else time.perf_counter() - t0
+        return landed
+
+    def allow_drafts(self, n: int) -> str | None:
+        """Contexts made from now on verify up to n drafted tokens a sequence; None, or why not."""
+        if n and self.b.facts.bytes_model.state_bytes:
+            return NO_DRAFTS_RECURRENT
+        if 0 <= n <= MAX_DRAFT_TOKENS:  # past it the settings refuse the length, and nothing changes
+            self.drafts = n
+        return None
+
+    def why_no_drafts(self, seq: int) -> str | None:
+        if not self.drafts:
+            return "the context has no room for drafted rows (allow_drafts)"
+        if self.b.samplers.penalised(seq) and seq in self.b.samplers.on_device:
+            return "a penalised chain drawn on the device would not see the drafts before each row"
+        return None
 
     def _land(self, seqs: list[int], tokens: list[int], positions: list[int], t0: float,
               launched_s: float) -> tuple[list[int], float]:

@@ -10,7 +10,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
-from swarmtune.engine.backends.backend import BackendInfo, CacheMismatch, Landing, NoKVSlot
+from swarmtune.engine.backends.backend import (
+    NO_DRAFTS_RECURRENT,
+    BackendInfo,
+    CacheMismatch,
+    Landing,
+    NoKVSlot,
+    VerifyLanding,
+)
 from swarmtune.engine.backends.clock import Clock, SimClock, WallClock
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
@@ -248,6 +255,38 @@ class SimBackend:
             if (left := lands_at - time.perf_counter()) > 0:
                 time.sleep(left)
             return out, seconds
+        return landed
+
+    def allow_drafts(self, n: int) -> str | None:
+        return NO_DRAFTS_RECURRENT if n and self.profile.bytes_model.state_bytes else None
+
+    def why_no_drafts(self, seq: int) -> str | None:
+        return None
+
+    def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
+                      drafts: list[list[int]]) -> VerifyLanding:
+        """Modeled: a decode step's read (weights, each agent's cells once) and each drafted row's compute."""
+        for s, pos, d in zip(seqs, positions, drafts, strict=True):
+            self._expect(s, pos)
+            if self._len.get(s, 0) + 1 + len(d) > self.ctx_per_seq:
+                raise NoKVSlot()
+        kept = []
+        for s, d in zip(seqs, drafts, strict=True):
+            self._grow(s, 1 + len(d))
+            k = []
+            for i in range(len(d) + 1):
+                k.append(self._sample(s))
+                if i == len(d) or k[-1] != d[i]:
+                    break
+            kept.append(k)
+        seconds = self.step_seconds(len(seqs), sum(positions) + len(seqs), contexts=[p + 1.0 for p in positions]) \
+            + sum(len(d) for d in drafts) * self.profile.compute_seconds_per_token
+        lands_at = time.perf_counter() + seconds
+
+        def landed() -> tuple[list[list[int]], float]:
+            if self.paced and (left := lands_at - time.perf_counter()) > 0:
+                time.sleep(left)
+            return kept, seconds
         return landed
 
     def _decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
