@@ -16,6 +16,7 @@ from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
 from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.spec.drafts import Drafts
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Ran:
     reference: bool = False  # a batch-1 step run to time the reference
     converted_tokens: int = 0  # a rebuild: cached tokens converted to the new KV type
     refused_kv: KVSetting | None = None  # a rebuild: the KV type this build could not make
+    drafted: int = 0  # a decode: the drafted tokens it verified
+    accepted: int = 0  # of those, the ones its agents kept (in `tokens`)
 
 
 class BatchRunner:
@@ -44,6 +47,7 @@ class BatchRunner:
         self.moves = moves
         self.parking = parking
         self.since_reference = 0  # decode steps since the last batch-1 reference step
+        self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
         """The plan, as step number `step`, after freeing what it preempts."""
@@ -89,13 +93,21 @@ class BatchRunner:
     def sampled(self, a: Agent, tok: int, seconds: float, agents: list[Agent]) -> None:
         """A token just sampled for a (after its prefill or in a decode step): its turn goes on with it, or
         ends before it (an end of generation, the turn's limit, the context's, or its source says so)."""
+        if not self.goes_on(a, tok):
+            self.turn_ended(a, seconds, agents)
+
+    def goes_on(self, a: Agent, tok: int) -> bool:
+        """tok is a's next token, its turn going on; False: the turn ends before it."""
         source = self.workload
         if not (self.backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit):
             a.next_token = tok
             if source.on_token(a, tok, self.backend.piece(tok)):
-                return
+                return True
+        return False
+
+    def turn_ended(self, a: Agent, seconds: float, agents: list[Agent]) -> None:
         a.next_token = None
-        source.end_turn(a, self.clock.after(seconds))
+        self.workload.end_turn(a, self.clock.after(seconds))
         if a.waiting:
             self.parking.park(a, agents)
 
@@ -150,14 +162,21 @@ class BatchRunner:
             mean_ctx = mean_context(a.context for a in batch)
             batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
             note = "batch-1 reference step"
-        if len(batch) == 1:
+        if len(batch) == 1 and (note or not self.s.draft_tokens):  # a step of one times batch 1 unless drafted
             self.since_reference = 0
+        # drafts ride every decode step but a reference (its time is batch 1's without them)
+        drafts = self.drafts.for_batch(batch, self.s.draft_tokens) if self.s.draft_tokens and not note else None
         while True:
             try:
                 sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
+                if drafts is not None:
+                    return self._verify(batch, sent, drafts, preempted, step, agents)
                 landing = self._launch([a.seq for a in batch], sent, [a.context for a in batch], launch)
                 break
             except NoKVSlot:
+                if drafts is not None:  # the cells the drafts needed: without them first
+                    drafts = None
+                    continue
                 victim = max(batch, key=lambda a: a.context)
                 self.preempt(victim)
                 preempted.append(victim.id)
@@ -171,6 +190,35 @@ class BatchRunner:
                 a.decoded(fed, step)
                 self.sampled(a, tok, seconds, agents)
             return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
+        return landed
+
+    def _verify(self, batch: list[Agent], sent: list[int], drafts: list[list[int]], preempted: list[int],
+                step: int, agents: list[Agent]) -> Callable[[], Ran]:
+        """A decode step that verifies drafts: each agent keeps the drafts its own draws agreed with, then the
+        draw after them; the cells of those it did not keep (or kept past its turn's end) are removed."""
+        before = [a.context for a in batch]
+        landing = self.backend.launch_verify([a.seq for a in batch], sent, before, drafts)
+
+        def landed() -> Ran:
+            kept, seconds = landing()
+            accepted = 0
+            for a, fed, d, k, ctx0 in zip(batch, sent, drafts, kept, before, strict=True):
+                a.decoded(fed, step)
+                ended = False
+                for i, tok in enumerate(k):
+                    if not self.goes_on(a, tok):
+                        ended = True
+                        break
+                    if i < len(k) - 1:  # a draft kept: its cell is written, it is fed
+                        a.decoded(tok, step)
+                        accepted += 1
+                if ctx0 + 1 + len(d) > a.context:  # cells past its history: drafts rejected, or past the turn
+                    self.backend.truncate(a.seq, a.context)
+                if ended:
+                    self.turn_ended(a, seconds, agents)
+                self.drafts.verified(a, len(d), len(k) - 1)
+            return Ran("decode", batch, seconds, len(batch) + accepted, preempted,
+                       drafted=sum(len(d) for d in drafts), accepted=accepted)
         return landed
 
     def _launch(self, seqs: list[int], tokens: list[int], positions: list[int], launch: bool) -> Landing:

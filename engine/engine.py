@@ -43,7 +43,7 @@ class Engine:
                  progress: Callable[[str, int, int], None] | None = None, meter: Meter | None = None,
                  tuner: TunerHook | None = None, autotune: bool = False, agents: AgentSource | None = None,
                  quality: QualityHook | None = None) -> None:
-        settings.validate(backend.facts.n_ctx_train)
+        settings.validate(backend.facts.n_ctx_train, backend.allow_drafts(settings.draft_tokens))
         self.backend = backend
         self.facts = backend.facts
         # a prefill chunk never exceeds what one backend call may carry
@@ -71,8 +71,7 @@ class Engine:
         self.quality = quality  # engine/quality/quality_check.py: the live KV quality check, where there is one
         self.autotune = autotune and tuner is not None
         self.started = False
-        self.started_at = ""
-        self.run_id = ""
+        self.started_at, self.run_id = "", ""
         self.meter = meter or NoMeter("n/a: no power source chosen")
         self.analysis = StepAnalysis(self.facts, backend.source, self.meter.watts_at)
         self.recorder = Recorder(backend, self.s, self.analysis)
@@ -325,7 +324,8 @@ class Engine:
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens = ran.reference, ran.converted_tokens
+        rec.reference, rec.converted_tokens, rec.drafted, rec.accepted = (ran.reference, ran.converted_tokens,
+                                                                          ran.drafted, ran.accepted)
         rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
         self.step_index += 1
         return rec

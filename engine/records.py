@@ -143,6 +143,10 @@ class StepRecord:
     # kind "tune": the tuner's decision or its outcome (engine/tune/): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
     tune: TuneEvent | None = None
+    # speculation (--draft): the drafted tokens this decode step verified, and of those the ones its agents
+    # kept (counted in `tokens`: a step generates batch + accepted)
+    drafted: int = 0
+    accepted: int = 0
     type: str = "step"
 
     @property

@@ -5,6 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import F16, KVSetting
 
@@ -31,6 +32,12 @@ def check_batch_cap(cap: int, agents: int) -> int:
     if not 1 <= cap <= agents:
         raise UserError(f"batch cap must be between 1 and {agents} (got {cap})", field="batch_cap")
     return cap
+
+
+def check_draft(n: int) -> int:
+    if not 0 <= n <= MAX_DRAFT_TOKENS:
+        raise UserError(f"draft length must be between 0 and {MAX_DRAFT_TOKENS} (got {n})", field="draft")
+    return n
 
 
 RESIDENCY = ("keep", "swap", "drop")
@@ -92,14 +99,20 @@ class EngineSettings:
     # launch the next decode step before a step's record is written and published (engine/engine.py); None:
     # where the backend's steps run on a device while the host goes on
     overlap: bool | None = None
+    # speculation: the most tokens an agent drafts from its own text into a decode step (0: off; engine/spec/)
+    draft_tokens: int = 0
 
-    def validate(self, n_ctx_train: int) -> None:
+    def validate(self, n_ctx_train: int, no_drafts: str | None = None) -> None:
+        """Refuses what cannot run, in one line; no_drafts: why the backend cannot verify drafts (None: it can)."""
         check_agents(self.agents)
         check_batch_cap(cap_in_force(self.batch_cap, self.agents), self.agents)
         check_at_least_one("gen tokens", self.gen_tokens)
         check_at_least_one("tool tokens", self.tool_tokens)
         check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)
         check_residency(self.residency)
+        check_draft(self.draft_tokens)
+        if self.draft_tokens and no_drafts:
+            raise UserError(f"--draft {self.draft_tokens}: no speculation on this model: {no_drafts}", field="draft")
         if self.swap_limit_bytes is not None and not (math.isfinite(self.swap_limit_bytes) and
                                                       self.swap_limit_bytes >= 0):
             raise UserError(f"--swap-limit-mb must be a finite number >= 0 (got {self.swap_limit_bytes / 1e6})")

@@ -154,6 +154,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "routing, modeled)")
     g.add_argument("--no-kv-convert", action="store_true",
                    help="a KV switch prefills every history again instead of converting the cached K and V")
+    g.add_argument("--draft", type=_whole("--draft"), default=0, metavar="N",
+                   help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
+                        "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off)")
     g.add_argument("--no-reference", action="store_true",
                    help="no interleaved batch-1 reference steps (then no measured speedup)")
     g.add_argument("--check", action="store_true",

@@ -85,6 +85,13 @@ class StepAnalysis:
         if rec.kind != "decode" or not b:
             return
         mean_ctx = rec.mean_context
+        if rec.drafted:
+            # a verify step computes more rows than it has agents: the fits, the reference and the energy ledger
+            # learn from plain steps; its speedup counts the tokens its agents kept
+            ref = self.reference(kv)
+            if ref.covers(mean_ctx) and seconds > 0:
+                rec.measured_speedup = rec.tokens * ref.seconds_at(mean_ctx) / seconds
+            return
         if self.forecasting:
             if b == 1:
                 self._reference_step(kv, mean_ctx, seconds)

@@ -1,0 +1,126 @@
+"""Speculation: drafts from the agents' own text (engine/spec/), verified in the batched decode step; the
+rejected drafts' cells removed; the output, under greedy sampling, the same tokens as without."""
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+
+from swarmtune.engine.agents.agent import Agent
+from swarmtune.engine.backends.sim_backend import SimBackend
+from swarmtune.engine.batch_runner import BatchRunner
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.model.profiles import profile
+from swarmtune.engine.spec.ngram_drafter import NgramDrafter
+from tests.conftest import SIM, run_cli
+
+
+@dataclass
+class Run:
+    streams: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # each agent's tokens, in order
+    drafted: int = 0
+    accepted: int = 0
+
+
+def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch) -> Run:
+    out = Run()
+    goes_on = BatchRunner.goes_on
+
+    ended: set[int] = set()
+
+    def seen(self: BatchRunner, a: Agent, tok: int) -> bool:
+        # each agent's first turn: the synthetic swarm draws later turns' prompts and lengths in the order
+        # turns end, which speculation changes
+        if a.id not in ended:
+            out.streams[a.id].append(tok)
+        on = goes_on(self, a, tok)
+        if not on:
+            ended.add(a.id)
+        return on
+
+    with monkeypatch.context() as m:
+        m.setattr(BatchRunner, "goes_on", seen)
+        return _run(out, model_path, kv, draft, steps)
+
+
+def _run(out: Run, model_path, kv: str, draft: int, steps: int) -> Run:
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(model_path), n_threads=2)
+    b.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
+    # no batch-1 reference steps: they reorder the synthetic swarm's turns, and with them the prompts it draws
+    e = Engine(b, EngineSettings(agents=3, batch_cap=3, kv=KVSetting.parse(kv), draft_tokens=draft, seed=1,
+                                 gen_tokens=200, check=True, reference=False))
+    try:
+        for _ in range(steps):
+            r = e.step()  # the cache check runs after every step: rejected cells are gone
+            out.drafted += r.drafted
+            out.accepted += r.accepted
+            if r.kind == "decode":
+                assert r.tokens == r.batch + r.accepted and r.accepted <= r.drafted
+    finally:
+        e.close()
+    return out
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0", "q8_0/f16"])
+def test_greedy_output_is_the_same_tokens_with_drafts(model_path, kv, monkeypatch):
+    plain = greedy_run(model_path, kv, 0, 200, monkeypatch)
+    spec = greedy_run(model_path, kv, 8, 120, monkeypatch)
+    assert spec.drafted > 0 and spec.accepted > 0
+    # as far as both runs went in each agent's first turn (the plain run is the slower)
+    common = {a: min(len(t), len(spec.streams[a])) for a, t in plain.streams.items()}
+    assert sum(common.values()) >= 240
+    assert {a: spec.streams[a][:n] for a, n in common.items()} == {a: plain.streams[a][:n] for a, n in common.items()}
+
+
+def test_drafts_are_what_followed_the_newest_ngram():
+    d = NgramDrafter()
+    a = Agent(id=0, seq=0, limit=4096, history=[1, 2, 3, 4, 5, 6, 9, 9, 2, 3], next_token=4)
+    assert d.draft(a, 3) == [5, 6, 9]  # "2 3 4" was followed by 5 6 9
+    a.history += [4, 7, 6]
+    a.next_token = 9
+    assert d.draft(a, 2) == [9, 2]  # "7 6 9" unseen: the 2-gram "6 9" was followed by 9 2
+    b = Agent(id=1, seq=1, limit=4096, history=[50, 51, 6, 9], next_token=9)
+    assert d.draft(b, 2) == [2, 3]  # its own text has no "6 9 9": the pool has agent 0's
+    assert d.draft(Agent(id=2, seq=2, limit=4096, history=[70], next_token=71), 4) == []
+
+
+def test_drafts_on_the_sim_keep_the_cache_and_count_what_they_earned():
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes,
+                                             draft_tokens=4, check=True))
+    recs = [e.step() for _ in range(400)]
+    e.close()
+    drafted = [r for r in recs if r.kind == "decode" and r.drafted]
+    assert drafted and all(r.tokens == r.batch + r.accepted and 0 <= r.accepted <= r.drafted for r in drafted)
+    assert not any(r.drafted for r in recs if r.reference)  # a reference step times batch 1 alone
+    line = json.loads(drafted[0].to_json())
+    assert line["drafted"] == drafted[0].drafted and line["accepted"] == drafted[0].accepted
+
+
+def test_an_impossible_draft_length_is_one_line(tmp_path):
+    out = run_cli("record", "--sim", SIM, "--steps", "5", "--draft", "17", "-o", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].endswith("draft length must be between 0 and 16 (got 17)")
+    assert "Traceback" not in out.stderr and not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_recurrent_model_refuses_drafts_and_keeps_none(tmp_path):
+    import tests.tiny_gguf as tg
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(tg.mamba(tmp_path / "mamba.gguf")), n_threads=2)
+    try:
+        with pytest.raises(UserError, match="recurrent state cannot take back"):
+            Engine(b, EngineSettings(agents=2, draft_tokens=4, ctx_per_agent=512))
+        assert b.steps.drafts == 0
+    finally:
+        b.close()
