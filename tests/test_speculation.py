@@ -124,3 +124,75 @@ def test_a_recurrent_model_refuses_drafts_and_keeps_none(tmp_path):
         assert b.steps.drafts == 0
     finally:
         b.close()
+
+
+def _chi2_fits(samples: list[int], p, alpha_z: float = 3.09) -> tuple[bool, str]:
+    """Pearson's goodness of fit of draws to probabilities p, the rare tokens pooled (expected >= 5 each);
+    accepted below the chi-square quantile at 1 - 0.001 (Wilson-Hilferty)."""
+    import numpy as np
+
+    n = len(samples)
+    order = np.argsort(-p)
+    cats: list[list[int]] = []
+    mass = 0.0  # the last category's
+    for t in order:  # most likely first: a category takes tokens until it expects 5 draws
+        if cats and mass * n < 5:
+            cats[-1].append(int(t))
+            mass += p[t]
+        else:
+            cats.append([int(t)])
+            mass = p[t]
+    counts = np.bincount(np.array(samples), minlength=len(p))
+    obs = np.array([counts[c].sum() for c in cats], dtype=float)
+    exp = np.array([p[c].sum() * n for c in cats])
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    crit = df * (1 - 2 / (9 * df) + alpha_z * (2 / (9 * df)) ** 0.5) ** 3
+    return stat < crit, f"chi2 {stat:.1f} on {df} df (critical {crit:.1f})"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("device_sampling", [True, False], ids=["device", "host"])
+def test_sampled_drafts_keep_the_distribution(model_path, device_sampling):
+    # temperature 1, nothing cut: the model's softmax is the distribution to keep. A prompt whose next token
+    # is likely, a draft of that token: the first kept token must follow p(. | prompt, x), and the one after an
+    # accepted draft p(. | prompt, x, draft)
+    import numpy as np
+
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.model_facts import read_model_facts
+
+    b = LlamaBackend(read_model_facts(model_path), n_threads=2, device_sampling=device_sampling)
+    try:
+        b.allow_drafts(2)
+        b.open(KVSetting.parse("f16"), 1, 128)
+        prompt = b.tokenize("Count: 1, 2, 3, 4, 5, 6, 7, 8,")
+        x = b.tokenize(" 9")[-1]
+
+        def softmax(v: np.ndarray) -> np.ndarray:
+            e = np.exp(v - v.max())
+            return e / e.sum()
+
+        b.prefill(0, prompt, 0)
+        p1 = softmax(b.next_logits(0, x, len(prompt)).astype(np.float64))
+        draft = int(np.argmax(p1))
+        b.drop(0)
+        b.prefill(0, [*prompt, x], 0)
+        p2 = softmax(b.next_logits(0, draft, len(prompt) + 1).astype(np.float64))
+        firsts, seconds = [], []
+        for seed in range(300):
+            b.drop(0)
+            b.set_sampler(0, SamplingParams(temperature=1.0, top_k=0, seed=seed))
+            b.prefill(0, prompt, 0)
+            kept, _ = b.launch_verify([0], [x], [len(prompt)], [[draft]])()
+            firsts.append(kept[0][0])
+            if kept[0][0] == draft:
+                seconds.append(kept[0][1])
+        ok1, why1 = _chi2_fits(firsts, p1)
+        assert ok1, why1
+        assert len(seconds) >= 60, f"the draft was accepted {len(seconds)} times of 300 (p {p1[draft]:.2f})"
+        ok2, why2 = _chi2_fits(seconds, p2)
+        assert ok2, why2
+    finally:
+        b.close()
