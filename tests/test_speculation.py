@@ -196,3 +196,34 @@ def test_sampled_drafts_keep_the_distribution(model_path, device_sampling):
         assert ok2, why2
     finally:
         b.close()
+
+
+@pytest.mark.model
+def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
+    # what an agent sees: a client's greedy answer, streamed and not
+    import openai
+
+    from tests.remote_helpers import served
+
+    code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    msgs = [{"role": "user", "content": f"Here is a file:\n{code}\nWrite it out again, unchanged."}]
+    flags = ("--clients", "--agents", "4", "--ctx", "2048", "--threads", "2", "--check")
+
+    def ask(url: str, stream: bool) -> str:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="anything")
+        if not stream:
+            return c.chat.completions.create(model="m", messages=msgs, max_tokens=48, temperature=0).choices[0]\
+                .message.content or ""
+        return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="m", messages=msgs, max_tokens=48, temperature=0, stream=True) if ch.choices)
+
+    with served(*flags) as s:
+        want = ask(s.url, False)
+    rec = tmp_path / "r.jsonl"
+    # alone on the server: other clients' rows change the step's shapes, and with them the last bits of the
+    # logits, which can flip a near tie with or without drafts (the engine test covers drafts in a batch)
+    with served(*flags, "--draft", "8", "--record", str(rec)) as s:
+        got, streamed = ask(s.url, False), ask(s.url, True)
+    assert len(want) > 40 and got == want and streamed == want
+    steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
+    assert sum(st["accepted"] for st in steps) > 0  # drafts were verified, and kept
