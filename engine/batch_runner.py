@@ -32,6 +32,7 @@ class Ran:
     reference: bool = False  # a batch-1 step run to time the reference
     converted_tokens: int = 0  # a rebuild: cached tokens converted to the new KV type
     refused_kv: KVSetting | None = None  # a rebuild: the KV type this build could not make
+    drafts: int = 0  # a decode: the agents that carried drafts
     drafted: int = 0  # a decode: the drafted tokens it verified
     accepted: int = 0  # of those, the ones its agents kept (in `tokens`)
 
@@ -218,7 +219,7 @@ class BatchRunner:
                     self.turn_ended(a, seconds, agents)
                 self.drafts.verified(a, len(d), len(k) - 1)
             return Ran("decode", batch, seconds, len(batch) + accepted, preempted,
-                       drafted=sum(len(d) for d in drafts), accepted=accepted)
+                       drafts=sum(1 for d in drafts if d), drafted=sum(len(d) for d in drafts), accepted=accepted)
         return landed
 
     def _launch(self, seqs: list[int], tokens: list[int], positions: list[int], launch: bool) -> Landing:

@@ -324,8 +324,8 @@ class Engine:
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens, rec.drafted, rec.accepted = (ran.reference, ran.converted_tokens,
-                                                                          ran.drafted, ran.accepted)
+        rec.reference, rec.converted_tokens, rec.drafts, rec.drafted, rec.accepted = (
+            ran.reference, ran.converted_tokens, ran.drafts, ran.drafted, ran.accepted)
         rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
         self.step_index += 1
         return rec

@@ -143,8 +143,9 @@ class StepRecord:
     # kind "tune": the tuner's decision or its outcome (engine/tune/): phase, setting before and after,
     # why, the predicted gain (modeled: a forecast) and, once measured, the measured gain
     tune: TuneEvent | None = None
-    # speculation (--draft): the drafted tokens this decode step verified, and of those the ones its agents
-    # kept (counted in `tokens`: a step generates batch + accepted)
+    # speculation (--draft): the agents that carried drafts into this decode step, the drafted tokens it
+    # verified, and of those the ones its agents kept (counted in `tokens`: a step generates batch + accepted)
+    drafts: int = 0
     drafted: int = 0
     accepted: int = 0
     type: str = "step"

@@ -5,7 +5,9 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.sim_backend import SimBackend
@@ -224,6 +226,14 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
     # logits, which can flip a near tie with or without drafts (the engine test covers drafts in a batch)
     with served(*flags, "--draft", "8", "--record", str(rec)) as s:
         got, streamed = ask(s.url, False), ask(s.url, True)
+        metrics = {m.name: m.samples[0].value for m in text_string_to_metric_families(
+            httpx.get(s.url + "/metrics").text) if "spec" in m.name}
     assert len(want) > 40 and got == want and streamed == want
     steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
-    assert sum(st["accepted"] for st in steps) > 0  # drafts were verified, and kept
+    accepted = sum(st["accepted"] for st in steps)
+    assert accepted > 0  # drafts were verified, and kept
+    # /metrics counts them as the records do, under vLLM's names and swarmtune's
+    for prefix in ("vllm:spec_decode_", "swarmtune_spec_"):
+        assert metrics[prefix + "num_accepted_tokens"] == accepted
+        assert metrics[prefix + "num_draft_tokens"] == sum(st["drafted"] for st in steps)
+        assert metrics[prefix + "num_drafts"] == sum(st["drafts"] for st in steps) > 0

@@ -15,11 +15,18 @@ class RollingRate:
     samples: deque[tuple[float, int]] = field(default_factory=deque)  # (t, tokens decoded at that step)
     tokens_total: int = 0
     steps_total: int = 0
+    # speculation since start: drafts proposed (an agent's, a step), drafted tokens verified, and kept
+    drafts_total: int = 0
+    drafted_total: int = 0
+    accepted_total: int = 0
 
     def add(self, r: StepRecord) -> None:
         tokens = r.tokens if r.kind == "decode" else 0
         self.steps_total += 1
         self.tokens_total += tokens
+        self.drafts_total += r.drafts
+        self.drafted_total += r.drafted
+        self.accepted_total += r.accepted
         self.samples.append((r.t, tokens))
         while self.samples and r.t - self.samples[0][0] > self.window_s:
             self.samples.popleft()

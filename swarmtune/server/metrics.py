@@ -9,6 +9,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from swarmtune.engine.agents.served import ServedAgents, ServedRequest
 from swarmtune.engine.records import RequestRecord
 from swarmtune.server.runner import EngineRunner
+from swarmtune.server.spec_metrics import spec_counters
 from swarmtune.server.vllm_metrics import mirror_vllm
 
 
@@ -45,6 +46,7 @@ class EngineCollector(Collector):
         gen = CounterMetricFamily("swarmtune_generated_tokens", "decode tokens since start", labels=["source"])
         gen.add_metric([src], run.rolling.tokens_total)
         yield gen
+        yield from spec_counters(run, "swarmtune_spec_", [], [])
         yield from _quality(run)
         if r is None:
             return

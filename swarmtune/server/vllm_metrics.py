@@ -14,6 +14,7 @@ from swarmtune.engine.agents.served import ServedAgents, ServedRequest
 from swarmtune.engine.records import RequestRecord
 from swarmtune.server.bridge import model_id
 from swarmtune.server.runner import EngineRunner
+from swarmtune.server.spec_metrics import spec_counters
 
 LABEL = ["model_name"]
 
@@ -37,6 +38,7 @@ class VllmGauges(Collector):
             g = GaugeMetricFamily(name, doc, labels=LABEL)
             g.add_metric([self.model], value)
             yield g
+        yield from spec_counters(run, "vllm:spec_decode_", LABEL, [self.model])
 
 
 def mirror_vllm(reg: CollectorRegistry, runner: EngineRunner, served: ServedAgents,
