@@ -90,8 +90,10 @@ class Recorder:
             # a decoding agent's context moved: most agents stop at the first test
             if (v is None or v.context != a.context or v.generated != a.generated or v.state != state
                     or v.tail != a.tail or v.turns != a.turns or v.residency != a.residency.value
-                    or v.limit != a.limit or v.label != a.label or v.reused != a.reused_tokens or v.miss != a.miss):
+                    or v.limit != a.limit or v.label != a.label or v.reused != a.reused_tokens or v.miss != a.miss
+                    or v.drafted != a.drafted):
                 v = kept[a.id] = AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail,
-                                           a.residency.value, a.label, a.reused_tokens, a.miss)
+                                           a.residency.value, a.label, a.reused_tokens, a.miss, a.drafted,
+                                           a.accepted)
             out.append(v)
         return out

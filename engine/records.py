@@ -48,6 +48,8 @@ class AgentView:
     label: str = ""  # a served agent: its conversation's key (the request's `user`, a header, or its own)
     reused: int | None = None  # a served agent: tokens of its last prompt whose cells were reused
     miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short ("" if it did not)
+    drafted: int = 0  # speculation: tokens it drafted since the start (a verify step's rows past its own)
+    accepted: int = 0  # of those, the tokens its draws agreed with
 
 
 def _plain(v: Any) -> Any:

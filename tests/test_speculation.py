@@ -105,6 +105,14 @@ def test_drafts_on_the_sim_keep_the_cache_and_count_what_they_earned():
     assert not any(r.drafted for r in recs if r.reference)  # a reference step times batch 1 alone
     line = json.loads(drafted[0].to_json())
     assert line["drafted"] == drafted[0].drafted and line["accepted"] == drafted[0].accepted
+    # each agent's view counts its own, as the dashboard shows them (the share it kept, before its text)
+    views = recs[-1].agents
+    assert sum(v.drafted for v in views) == sum(r.drafted for r in recs)
+    assert sum(v.accepted for v in views) == sum(r.accepted for r in recs)
+    from swarmtune.tui.widgets.agents import acceptance
+
+    v = next(v for v in views if v.drafted)
+    assert acceptance(v).plain == f"✓{v.accepted / v.drafted:.0%} "
 
 
 def test_an_impossible_draft_length_is_one_line(tmp_path):

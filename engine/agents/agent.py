@@ -61,6 +61,9 @@ class Agent:
     # hashes only what an edit changed and what was added since
     edits: int = 0
     intact: list[tuple[int, int]] = field(default_factory=list)
+    # speculation (engine/spec/): tokens it drafted into decode steps since the start, and of those the ones it kept
+    drafted: int = 0
+    accepted: int = 0
 
     def _edited(self, intact: int) -> None:
         self.edits += 1

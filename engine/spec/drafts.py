@@ -1,26 +1,12 @@
 """Which drafts ride a decode step: each agent's from the n-gram drafter, at most the draft length in force,
 none past its context or its turn's limit, none where its backend cannot verify them exactly, and no more
-rows than one call carries. Counts what each agent's drafts earned: drafted against accepted."""
+rows than one call carries. Counts what each agent's drafts earned, on the agent: drafted against kept."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter
-
-
-@dataclass
-class Acceptance:
-    """An agent's drafts since the run began: tokens drafted, those its draws agreed with, and steps drafted."""
-
-    drafted: int = 0
-    accepted: int = 0
-    drafts: int = 0
-
-    @property
-    def rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
 
 
 class Drafts:
@@ -28,7 +14,6 @@ class Drafts:
         self.backend = backend
         self.turn_left = turn_left  # tokens an agent's turn may still generate
         self.drafter = NgramDrafter()
-        self.acceptance: dict[int, Acceptance] = {}
 
     def for_batch(self, batch: list[Agent], n: int) -> list[list[int]]:
         """Each batched agent's drafts for this step ([] for none), n at most each."""
@@ -42,9 +27,8 @@ class Drafts:
             out.append(d)
         return out
 
-    def verified(self, a: Agent, drafted: int, agreed: int) -> None:
-        if drafted:
-            acc = self.acceptance.setdefault(a.id, Acceptance())
-            acc.drafted += drafted
-            acc.accepted += agreed
-            acc.drafts += 1
+    @staticmethod
+    def verified(a: Agent, drafted: int, agreed: int) -> None:
+        """a drafted these tokens into a step, and its draws agreed with the first `agreed` of them."""
+        a.drafted += drafted
+        a.accepted += agreed
