@@ -166,6 +166,7 @@ class BatchRunner:
         if len(batch) == 1 and (note or not self.s.draft_tokens):  # a step of one times batch 1 unless drafted
             self.since_reference = 0
         # drafts ride every decode step but a reference (its time is batch 1's without them)
+        self.drafts.set_length(self.s.draft_tokens, self.s.draft_auto)
         drafts = self.drafts.for_batch(batch, self.s.draft_tokens) if self.s.draft_tokens and not note else None
         while True:
             try:
@@ -187,6 +188,7 @@ class BatchRunner:
 
         def landed() -> Ran:
             out, seconds = landing()
+            self.drafts.observed(len(batch), seconds, 0)
             for a, fed, tok in zip(batch, sent, out, strict=True):
                 a.decoded(fed, step)
                 self.sampled(a, tok, seconds, agents)
@@ -202,6 +204,7 @@ class BatchRunner:
 
         def landed() -> Ran:
             kept, seconds = landing()
+            self.drafts.observed(len(batch), seconds, sum(len(d) for d in drafts))
             accepted = 0
             for a, fed, d, k, ctx0 in zip(batch, sent, drafts, kept, before, strict=True):
                 a.decoded(fed, step)

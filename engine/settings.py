@@ -101,6 +101,7 @@ class EngineSettings:
     overlap: bool | None = None
     # speculation: the most tokens an agent drafts from its own text into a decode step (0: off; engine/spec/)
     draft_tokens: int = 0
+    draft_auto: bool = False  # each agent's length up to draft_tokens, from what was measured (engine/spec/)
 
     def validate(self, n_ctx_train: int, no_drafts: str | None = None) -> None:
         """Refuses what cannot run, in one line; no_drafts: why the backend cannot verify drafts (None: it can)."""

@@ -97,7 +97,7 @@ def engine_settings(args: argparse.Namespace, backend):
         reference=not args.no_reference, check=args.check or check_default(), kv_convert=not args.no_kv_convert,
         tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
         swap_limit_bytes=args.swap_limit_mb * 1e6 if args.swap_limit_mb is not None else None,
-        draft_tokens=getattr(args, "draft", 0),
+        draft_tokens=getattr(args, "draft", (0, False))[0], draft_auto=getattr(args, "draft", (0, False))[1],
     )
 
 

@@ -58,6 +58,19 @@ def _whole(name: str) -> Callable[[str], int]:
     return parse
 
 
+AUTO_DRAFT_TOKENS = 8  # --draft auto: the most an agent drafts; the measured rule picks each agent's length
+
+
+def _draft(text: str) -> tuple[int, bool]:
+    """--draft N or auto: (the most tokens an agent drafts, whether the measured rule picks each one's)."""
+    if text == "auto":
+        return AUTO_DRAFT_TOKENS, True
+    try:
+        return int(text), False
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--draft must be a whole number or auto (got {text!r})") from None
+
+
 def _at_least_zero(name: str) -> Callable[[str], int]:
     whole = _whole(name)
 
@@ -154,9 +167,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "routing, modeled)")
     g.add_argument("--no-kv-convert", action="store_true",
                    help="a KV switch prefills every history again instead of converting the cached K and V")
-    g.add_argument("--draft", type=_whole("--draft"), default=0, metavar="N",
+    g.add_argument("--draft", type=_draft, default=(0, False), metavar="N|auto",
                    help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
-                        "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off)")
+                        "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off). "
+                        f"auto: up to {AUTO_DRAFT_TOKENS}, each agent's length where measured step times say it pays")
     g.add_argument("--no-reference", action="store_true",
                    help="no interleaved batch-1 reference steps (then no measured speedup)")
     g.add_argument("--check", action="store_true",

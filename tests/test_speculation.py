@@ -245,3 +245,47 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
         assert metrics[prefix + "num_accepted_tokens"] == accepted
         assert metrics[prefix + "num_draft_tokens"] == sum(st["drafted"] for st in steps)
         assert metrics[prefix + "num_drafts"] == sum(st["drafts"] for st in steps) > 0
+
+
+def test_auto_drafts_where_a_row_is_cheap_and_not_where_it_costs_a_step():
+    from swarmtune.engine.spec.draft_policy import EXPLORE_EVERY, EXPLORE_EVERY_MAX, DraftPolicy
+
+    def settle(step_s: float, row_s: float, kept: float) -> DraftPolicy:
+        p = DraftPolicy(8)
+        for _ in range(4 * EXPLORE_EVERY):
+            lengths = p.lengths([0, 1, 2, 3])
+            drafted = sum(lengths)
+            p.observed(4, step_s + drafted * row_s, drafted)
+            for i, d in enumerate(lengths):
+                p.verified(i, d, round(d * kept))
+        return p
+
+    # a compute-bound CPU step: a drafted row costs what an agent's row does (10 ms a row, 4 agents)
+    cpu = settle(0.040, 0.010, 0.5)
+    assert cpu.row_s == pytest.approx(0.010) and cpu.lengths([0, 1, 2, 3]) == [0, 0, 0, 0]
+    # a GPU step bound by the weight stream: a row adds 1% of it
+    gpu = settle(0.025, 0.00025, 0.7)
+    assert all(d > 0 for d in gpu.lengths([0, 1, 2, 3]))
+    # and now and then it measures again, whatever the rule says: less often where drafts did not pay
+    assert cpu.explore_every > EXPLORE_EVERY and gpu.explore_every == EXPLORE_EVERY
+    assert any(any(cpu.lengths([0, 1, 2, 3])) for _ in range(EXPLORE_EVERY_MAX))
+
+
+def test_auto_on_the_sim_drafts_and_counts_like_a_fixed_length():
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes,
+                                             draft_tokens=8, draft_auto=True, check=True))
+    recs = [e.step() for _ in range(300)]
+    e.close()
+    dec = [r for r in recs if r.kind == "decode"]
+    assert any(r.drafted for r in dec) and any(not r.drafted for r in dec)
+    assert all(r.tokens == r.batch + r.accepted for r in dec)
+
+
+def test_draft_auto_on_the_command_line(tmp_path):
+    out = run_cli("record", "--sim", SIM, "--steps", "60", "--draft", "auto", "-o", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 0, out.stderr
+    header = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert header["settings"]["draft_tokens"] == 8 and header["settings"]["draft_auto"] is True
+    bad = run_cli("record", "--sim", SIM, "--steps", "5", "--draft", "lots", "-o", str(tmp_path / "b.jsonl"))
+    assert bad.returncode == 2 and "--draft must be a whole number or auto (got 'lots')" in bad.stderr

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.spec.draft_policy import DraftPolicy
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter
 
 
@@ -14,21 +15,36 @@ class Drafts:
         self.backend = backend
         self.turn_left = turn_left  # tokens an agent's turn may still generate
         self.drafter = NgramDrafter()
+        self.policy: DraftPolicy | None = None  # --draft auto: the lengths from what was measured
 
-    def for_batch(self, batch: list[Agent], n: int) -> list[list[int]]:
-        """Each batched agent's drafts for this step ([] for none), n at most each."""
+    def set_length(self, n: int, auto: bool) -> None:
+        """At most n tokens an agent; auto: each agent's length from the policy."""
+        if not auto:
+            self.policy = None
+        elif self.policy is None or self.policy.max_tokens != n:
+            self.policy = DraftPolicy(n)
+
+    def for_batch(self, batch: list[Agent], n: int) -> list[list[int]] | None:
+        """Each batched agent's drafts for this step ([] for none), n at most each; None where none has any."""
         rows_left = self.backend.max_chunk_tokens - len(batch)
+        lengths = self.policy.lengths([a.id for a in batch]) if self.policy is not None else [n] * len(batch)
         out = []
-        for a in batch:
+        for a, want in zip(batch, lengths, strict=True):
             # its fed token and its drafts take cells; the token drawn after the last draft needs one more
-            room = min(n, a.limit - a.context - 3, self.turn_left(a) - 1, rows_left)
+            room = min(want, a.limit - a.context - 3, self.turn_left(a) - 1, rows_left)
             d = self.drafter.draft(a, room) if room > 0 and self.backend.why_no_drafts(a.seq) is None else []
             rows_left -= len(d)
             out.append(d)
-        return out
+        return out if any(out) else None
 
-    @staticmethod
-    def verified(a: Agent, drafted: int, agreed: int) -> None:
+    def observed(self, batch: int, seconds: float, drafted: int) -> None:
+        """A decode step's time, for the policy (--draft auto)."""
+        if self.policy is not None:
+            self.policy.observed(batch, seconds, drafted)
+
+    def verified(self, a: Agent, drafted: int, agreed: int) -> None:
         """a drafted these tokens into a step, and its draws agreed with the first `agreed` of them."""
         a.drafted += drafted
         a.accepted += agreed
+        if self.policy is not None:
+            self.policy.verified(a.id, drafted, agreed)
