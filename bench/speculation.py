@@ -7,10 +7,10 @@ that one: prefill included, the same on both sides. Sides alternate, `--rounds` 
 min-max. It prints, per batch, tokens per second each side, the ratio (drafts over none), the drafted and
 accepted tokens, and whether each agent's first turn is the same tokens on both sides (greedy).
 
-Not yet here (issue 52): the aider-like and opencode-like traces, `--draft auto`, and llama-server's n-gram
-speculation as a third side.
+Not yet here (issue 52): the aider-like and opencode-like traces, and llama-server's n-gram speculation as a
+third side.
 
-    python bench/speculation.py                       # batch 1 2 4 8, --draft 4 and 8 (~10 min, 2 cores)
+    python bench/speculation.py                       # batch 1 2 4 8, --draft 4, 8, auto (~14 min, 2 cores)
     python bench/speculation.py --batches 1 --drafts 8 --rounds 3
 """
 
@@ -35,6 +35,7 @@ from swarmtune.engine.conversation.sampling import SamplingParams  # noqa: E402
 from swarmtune.engine.engine import Engine, EngineSettings  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
+from swarmtune.parsing import AUTO_DRAFT_TOKENS  # noqa: E402
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Side:
         return self.tokens / self.wall_s
 
 
-def run_side(batch: int, draft: int, tokens_per_agent: int, threads: int) -> Side:
+def run_side(batch: int, draft: str, tokens_per_agent: int, threads: int) -> Side:
     streams: dict[int, list[int]] = defaultdict(list)
     ended: set[int] = set()
     goes_on = BatchRunner.goes_on
@@ -66,8 +67,9 @@ def run_side(batch: int, draft: int, tokens_per_agent: int, threads: int) -> Sid
     BatchRunner.goes_on = seen  # type: ignore[method-assign]
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
     b.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
-    e = Engine(b, EngineSettings(agents=batch, batch_cap=batch, draft_tokens=draft, seed=1, gen_tokens=256,
-                                 reference=False, check=False))
+    n, auto = (AUTO_DRAFT_TOKENS, True) if draft == "auto" else (int(draft), False)
+    e = Engine(b, EngineSettings(agents=batch, batch_cap=batch, draft_tokens=n, draft_auto=auto, seed=1,
+                                 gen_tokens=256, reference=False, check=False))
     try:
         generated = drafted = accepted = 0
         t0 = time.perf_counter()
@@ -97,7 +99,7 @@ def spread(xs: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--drafts", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--drafts", nargs="+", default=["4", "8", "auto"], help="draft lengths, or auto")
     ap.add_argument("--tokens", type=int, default=128, help="tokens each agent generates on every side")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -106,12 +108,12 @@ def main() -> None:
           f"{a.tokens} tokens an agent; rounds {a.rounds}, sides alternated; medians (min-max)")
     worst: list[tuple[float, str]] = []
     for batch in a.batches:
-        sides: dict[int, list[Side]] = {d: [] for d in [0, *a.drafts]}
-        order = [0, *a.drafts]
+        sides: dict[str, list[Side]] = {d: [] for d in ["0", *a.drafts]}
+        order = ["0", *a.drafts]
         for r in range(a.rounds):
             for d in (order if r % 2 == 0 else order[::-1]):
                 sides[d].append(run_side(batch, d, a.tokens, a.threads))
-        none = sides[0]
+        none = sides["0"]
         print(f"batch {batch}: none {spread([s.tokens_per_s for s in none])} tok/s")
         for d in a.drafts:
             ratios = [s.tokens_per_s / n.tokens_per_s for s, n in zip(sides[d], none, strict=True)]
