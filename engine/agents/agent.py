@@ -204,6 +204,11 @@ class Agent:
         self.turn_generated += 1
         self.served(step)
 
+    def drafts_verified(self, drafted: int, kept: int) -> None:
+        """A step verified `drafted` tokens it drafted (engine/spec/), and its draws agreed with `kept` of them."""
+        self.drafted += drafted
+        self.accepted += kept
+
     def ready(self) -> None:
         """Its prefill is done: it generates from the next step."""
         self.state = AgentState.DECODE

@@ -44,7 +44,6 @@ class Drafts:
 
     def verified(self, a: Agent, drafted: int, agreed: int) -> None:
         """a drafted these tokens into a step, and its draws agreed with the first `agreed` of them."""
-        a.drafted += drafted
-        a.accepted += agreed
+        a.drafts_verified(drafted, agreed)
         if self.policy is not None:
             self.policy.verified(a.id, drafted, agreed)
