@@ -479,3 +479,48 @@ def test_sampling_runs_on_the_device_where_its_rows_align_and_keeps_greedy_token
         assert runs[0] == runs[1]
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("n_vocab", [259, 320], ids=["drawn-on-host", "drawn-on-device"])
+def test_drafts_verified_on_the_device_keep_greedy_tokens_and_every_cache(tmp_path, n_vocab, monkeypatch):
+    # a verify step: every drafted row written on the device and drawn (in the graph where the rows align),
+    # the rejected cells removed from a device cache; the cache check runs after every step
+    from collections import defaultdict
+
+    from swarmtune.engine.batch_runner import BatchRunner
+    from swarmtune.engine.conversation.sampling import SamplingParams
+
+    path = str(llama_device(tmp_path / f"spec-{n_vocab}.gguf", n_layer=N_LAYER, n_vocab=n_vocab))
+    goes_on = BatchRunner.goes_on
+    runs = []
+    for draft in (0, 4):
+        streams: dict[int, list[int]] = defaultdict(list)
+        ended: set[int] = set()
+
+        def seen(self, a, tok, streams=streams, ended=ended) -> bool:
+            if a.id not in ended:
+                streams[a.id].append(tok)
+            on = goes_on(self, a, tok)
+            if not on:
+                ended.add(a.id)
+            return on
+
+        monkeypatch.setattr(BatchRunner, "goes_on", seen)
+        b = _backend(path)
+        b.seed_sampler = lambda seq, seed, b=b: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))
+        e = Engine(b, EngineSettings(**{**SETTINGS, "gen_tokens": 48, "draft_tokens": draft, "reference": False}))
+        assert e.s.check
+        drafted = accepted = 0
+        try:
+            for _ in range(70):
+                r = e.step()
+                drafted, accepted = drafted + r.drafted, accepted + r.accepted
+            e.land()
+        finally:
+            e.close()
+        runs.append((dict(streams), drafted, accepted))
+    (plain, _, _), (spec, drafted, accepted) = runs
+    assert drafted > 0 and accepted > 0
+    common = {i: min(len(t), len(spec.get(i, []))) for i, t in plain.items()}
+    assert sum(common.values()) >= 60
+    assert {i: spec[i][:n] for i, n in common.items()} == {i: plain[i][:n] for i, n in common.items()}
