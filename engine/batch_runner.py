@@ -215,12 +215,14 @@ class BatchRunner:
                         break
                     if i < len(k) - 1:  # a draft kept: its cell is written, it is fed
                         a.decoded(tok, step)
-                        accepted += 1
                 if ctx0 + 1 + len(d) > a.context:  # cells past its history: drafts rejected, or past the turn
                     self.backend.truncate(a.seq, a.context)
+                # the drafts it kept, not those its draws agreed with past its turn's end; counted before the
+                # turn ends, so that its request counts them
+                self.drafts.verified(a, len(d), a.context - ctx0 - 1)
+                accepted += a.context - ctx0 - 1
                 if ended:
                     self.turn_ended(a, seconds, agents)
-                self.drafts.verified(a, len(d), len(k) - 1)
             return Ran("decode", batch, seconds, len(batch) + accepted, preempted,
                        drafts=sum(1 for d in drafts if d), drafted=sum(len(d) for d in drafts), accepted=accepted)
         return landed
