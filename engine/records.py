@@ -211,6 +211,9 @@ class RequestRecord:
     decode_s: float = 0.0
     joules: float | None = None
     power_source: str = ""
+    # speculation (--draft): the tokens drafted in its steps, and of those the ones kept (in completion_tokens)
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     type: str = "request"
 
     def to_json(self) -> str:

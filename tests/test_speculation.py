@@ -240,6 +240,10 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
     steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
     accepted = sum(st["accepted"] for st in steps)
     assert accepted > 0  # drafts were verified, and kept
+    # each request's account: the two requests were this run's only ones, and all its drafting
+    reqs = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"request"' in x]
+    assert len(reqs) == 2 and sum(q["accepted_draft_tokens"] for q in reqs) == accepted
+    assert sum(q["draft_tokens"] for q in reqs) == sum(st["drafted"] for st in steps)
     # /metrics counts them as the records do, under vLLM's names and swarmtune's
     for prefix in ("vllm:spec_decode_", "swarmtune_spec_"):
         assert metrics[prefix + "num_accepted_tokens"] == accepted

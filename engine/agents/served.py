@@ -109,6 +109,9 @@ class ServedRequest:
     joules: float | None = None  # its share of those steps' energy
     power_source: str = ""
     completion_tokens: int = 0
+    # its agent's drafted and kept tokens (speculation) when it took the request, and when the request ended
+    drafts_at: tuple[int, int] = (0, 0)
+    drafts_end: tuple[int, int] | None = None
     generated: list[int] = field(default_factory=list)  # the tokens whose text was sent
     finish_reason: str | None = None
     text: TextStream = field(init=False)
@@ -151,6 +154,8 @@ def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecor
         e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint, copied_tokens=req.copied_tokens,
         copied_from=req.copied_from, shifted_tokens=req.shifted_tokens,
     )
+    if (end_at := req.drafts_end) is not None:
+        rec.draft_tokens, rec.accepted_draft_tokens = end_at[0] - req.drafts_at[0], end_at[1] - req.drafts_at[1]
     if (m := req.miss) is not None:
         rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)
     return rec
@@ -198,8 +203,8 @@ class ServedAgents:
         self._wake.set()
 
     def close_all(self, message: str = "the server is shutting down") -> None:
-        """Any thread, as the server stops: every queued and running request ends now with an error, so no
-        client waits on a reply that will not come and the server's connections close at once."""
+        """Any thread, as the server stops: every queued and running request ends now with an error: no
+        client waits on a reply that will not come."""
         with self._lock:
             self._closing = True
             reqs = list(self._queue) + list(self._active.values())
@@ -231,8 +236,7 @@ class ServedAgents:
     def start_task(self, agent: Agent) -> None:
         """A new agent, or one whose conversation was displaced: empty, waiting for a client."""
         if all(a is not agent for a in self._agents):
-            # counted as free from now: before the engine's first step (which hands over its own list) a
-            # burst would otherwise meet no free agent and get a 503 past max_queue alone
+            # free from now: before the engine's first step hands over its list, a burst met no free agent
             self._agents.append(agent)
         self.cells.restart(agent, [])
         agent.wait_for_client()
@@ -280,6 +284,7 @@ class ServedAgents:
         agent.wait_for_client()
         if req is None:
             return
+        req.drafts_end = (agent.drafted, agent.accepted)
         if req.cancelled:
             reason = "cancelled"
         elif req.finish_reason is not None:
@@ -288,8 +293,7 @@ class ServedAgents:
             reason = "length" if agent.context + 2 >= agent.limit else "stop"
         self._close(req, reason, now_s)
         self.watch.turn_ended(req.completion_tokens)
-        self._replied_at[agent.id] = time.perf_counter()
-        self._last_used[agent.id] = time.perf_counter()
+        self._replied_at[agent.id] = self._last_used[agent.id] = time.perf_counter()
 
     def before_step(self, agents: list[Agent], now_s: float) -> None:
         self._agents = agents
@@ -330,8 +334,7 @@ class ServedAgents:
                 and a.tool_ready_at is None and a.seq < self.backend.n_seqs]
 
     def _pick(self, agents: list[Agent], req: ServedRequest) -> tuple[Agent, bool, PromptHashes | None] | None:
-        """The agent for req, whether req continues its conversation (else it displaces it), and the
-        prompt's hashes where they were needed."""
+        """The agent for req, whether req continues its conversation (else it displaces it), its hashes."""
         idle = self._idle(agents)
         if req.key is not None:
             own = [a for a in agents if self._keys.get(a.id) == req.key]
@@ -401,7 +404,7 @@ class ServedAgents:
         req.shifted_tokens = sum(len(k.tokens) for k in kept)
         req.cached_tokens += req.shifted_tokens
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
-        req.agent, req.assigned = a.id, time.perf_counter()
+        req.agent, req.assigned, req.drafts_at = a.id, time.perf_counter(), (a.drafted, a.accepted)
         self._active[a.id] = req
         self._last_used[a.id] = req.assigned
         if req.key is not None:
