@@ -58,9 +58,6 @@ class NgramDrafter:
                 return seen[0][seen[1]:seen[1] + n_max]
         return []
 
-    def forget(self, agent_id: int) -> None:
-        self._own.pop(agent_id, None)
-
     def _index(self, agent: Agent) -> _Indexed:
         hist = agent.history
         idx = self._own.get(agent.id)
