@@ -231,3 +231,22 @@ def test_reference_comes_from_the_run_not_a_probe():
     # the sim's batch-1 steps are its roofline: the measured speedup is the formula's
     assert all(r.measured_speedup == pytest.approx(r.predicted_speedup, rel=0.01) for r in have)
     assert len(ref) < 0.1 * len([r for r in recs if r.kind == "decode"])
+
+
+def test_reference_cadence_follows_its_measured_cost():
+    """A batch-1 reference costs (t1/tB - 1/B) of a batch step: at batch 64 on the simulated card that is far
+    less than at batch 4, so references come more often there, and at both they cost about 1% of the time."""
+    gaps, shares = {}, {}
+    for n in (4, 64):
+        e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=n, batch_cap=n, ctx_per_agent=4096))
+        recs = [e.step() for _ in range(1500)][300:]  # past the warm-up, when references come every 8 steps
+        dec = [r for r in recs if r.kind == "decode"]
+        refs = [r for r in dec if r.reference]
+        full = [r for r in dec if r.batch == n and not r.reference]
+        t_batch = sum(r.seconds for r in full) / len(full)
+        # what the references cost: their time less what their one token is worth at the batch's rate
+        cost = sum(r.seconds - t_batch / n for r in refs)
+        shares[n] = cost / sum(r.seconds for r in recs)
+        gaps[n] = len(dec) / len(refs)
+    assert gaps[64] < gaps[4] / 2
+    assert all(0.003 < s < 0.015 for s in shares.values()), shares

@@ -3,6 +3,7 @@ reference a measured speedup divides by, and the energy ledger. The engine says 
 unit annotates it, one fit and one reference per KV cache type (the step time depends on it)."""
 
 import copy
+import math
 from collections.abc import Callable
 
 from swarmtune.engine.kv_types import KVSetting
@@ -16,9 +17,13 @@ from swarmtune.engine.records import StepRecord, mean_context
 
 REFIT_EVERY_STEPS = 8  # a refit is ~0.5 ms over 512 steps: under 0.2% of a step here
 # A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few
-# contexts are covered, then rarely (each costs about one batch-1 step of throughput, under 1% at 64).
+# contexts are covered, then as rarely as keeps its cost under a share of the run's throughput. A reference
+# step gives one token in t1 where the batch gives B in tB, so one in N costs about (t1/tB - 1/B) / N of the
+# time: from this CPU's 0.6 at batch 8 to a GPU's, where t1 is nearer tB, the cadence is measured, not fixed.
 REFERENCE_EVERY_STEPS_WARMUP = 8
-REFERENCE_EVERY_STEPS = 64
+REFERENCE_EVERY_STEPS = 64  # until a step-time fit exists: this CPU's cadence at batch 8
+REFERENCE_EVERY_MAX_STEPS = 512
+REFERENCE_COST_SHARE = 0.01
 REFERENCE_WARM_SAMPLES = 6
 
 
@@ -26,7 +31,8 @@ class StepAnalysis:
     def __init__(self, facts: ModelFacts, source: str, watts_at: Callable[[int], float] | None) -> None:
         self.bytes_model = facts.bytes_model
         self.watts_at = watts_at  # a modeled meter's watts per batch; None for a sensor
-        self.how = (f"measured during the run: a batch-1 decode step every {REFERENCE_EVERY_STEPS} steps "
+        self.how = (f"measured during the run: a batch-1 decode step as often as costs "
+                    f"{REFERENCE_COST_SHARE:.0%} of throughput at the measured step times "
                     f"(every {REFERENCE_EVERY_STEPS_WARMUP} at first), a robust line through the latest 64"
                     if source == "measured" else
                     "simulated: batch-1 steps of the profile's roofline interleaved in the run")
@@ -76,7 +82,23 @@ class StepAnalysis:
         ref = self.reference(kv)
         mean_ctx = mean_context(contexts)
         cold = ref.samples < REFERENCE_WARM_SAMPLES or not ref.covers(mean_ctx)
-        return steps_since >= (REFERENCE_EVERY_STEPS_WARMUP if cold else REFERENCE_EVERY_STEPS)
+        if cold or steps_since < REFERENCE_EVERY_STEPS_WARMUP:
+            return steps_since >= REFERENCE_EVERY_STEPS_WARMUP
+        return steps_since >= self.reference_every(kv, contexts)
+
+    def reference_every(self, kv: KVSetting, contexts: list[int]) -> int:
+        """Decode steps between two batch-1 references at this batch and these contexts: the fewest that keep
+        their cost under REFERENCE_COST_SHARE of the time, from the measured batch-1 line and step fit."""
+        fit, ref = self.fit(kv), self.reference(kv)
+        if fit is None or not ref.ready:
+            return REFERENCE_EVERY_STEPS
+        b = len(contexts)
+        t_batch = fit.step_seconds(b, float(sum(contexts)), float(max(contexts)))
+        if t_batch <= 0:
+            return REFERENCE_EVERY_STEPS
+        cost = ref.seconds_at(mean_context(contexts)) / t_batch - 1 / b  # of one batch step's time
+        every = math.ceil(cost / REFERENCE_COST_SHARE) if cost > 0 else REFERENCE_EVERY_STEPS_WARMUP
+        return min(max(every, REFERENCE_EVERY_STEPS_WARMUP), REFERENCE_EVERY_MAX_STEPS)
 
     def annotate(self, rec: StepRecord, contexts: list[int], read: StepRead | None,
                  power: StepPower | None) -> None:
