@@ -5,7 +5,7 @@ their agents first. It changes agents and cells; the engine makes the step's rec
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swarmtune.engine.agents.agent import Agent, Residency
+from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.agents.agent_source import AgentSource
 from swarmtune.engine.backends.backend import Backend, Landing, NoKVSlot
 from swarmtune.engine.backends.clock import Clock
@@ -17,6 +17,9 @@ from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
 from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.spec.drafts import Drafts
+
+MIN_CHUNK_TOKENS = 16  # a prefill under a stall bound still moves, even where one call costs more than the bound
+PROBE_CHUNK_TOKENS = (16, 32, 64)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class BatchRunner:
         self.moves = moves
         self.parking = parking
         self.since_reference = 0  # decode steps since the last batch-1 reference step
+        self.probes = 0  # chunks cut to a stall bound before the chunk fit could size them
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
@@ -125,8 +129,10 @@ class BatchRunner:
         try:
             self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
             n = min(plan.chunk, a.kept[0].at - a.context) if a.kept else plan.chunk  # up to the next kept chunk
-            chunk = a.pending[:n]
-            seconds = self.backend.prefill(a.seq, chunk, a.context)
+            n, note = self._within_stall(n, a, agents)
+            chunk, pos0 = a.pending[:n], a.context
+            seconds = self.backend.prefill(a.seq, chunk, pos0)
+            self.analysis.chunk_timed(self.s.kv, n, pos0, seconds)
             a.prefilled(n)
             self._paste_due(a)
         except NoKVSlot:
@@ -136,7 +142,19 @@ class BatchRunner:
         if not a.pending:
             a.ready()
             self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
-        return Ran("prefill", [a], seconds, len(chunk), preempted)
+        return Ran("prefill", [a], seconds, len(chunk), preempted, note=note)
+
+    def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
+        """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
+        say fits in it, never under MIN_CHUNK_TOKENS), and the record's note when it was cut."""
+        bound = self.s.max_stall_s
+        if bound is None or not any(x.state is AgentState.DECODE for x in agents):
+            return n, ""
+        fits = self.analysis.chunk_within(self.s.kv, bound, a.context, n)
+        # before a fit: small chunks of three sizes, so the fit can tell a call's cost from a token's
+        cut = min(n, PROBE_CHUNK_TOKENS[self.probes % 3] if fits is None else max(fits, MIN_CHUNK_TOKENS))
+        self.probes += fits is None
+        return cut, (f"stall bound: {cut} of {n} tokens" if cut < n else "")
 
     def _paste_due(self, a: Agent) -> None:
         """Kept chunks of its old cells whose place its prefill has reached go back

@@ -40,6 +40,12 @@ def check_draft(n: int) -> int:
     return n
 
 
+def check_max_stall(seconds: float | None) -> float | None:
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise UserError(f"--max-stall-ms must be a number above 0 (got {seconds * 1000:g})", field="max_stall_s")
+    return seconds
+
+
 RESIDENCY = ("keep", "swap", "drop")
 
 
@@ -102,6 +108,9 @@ class EngineSettings:
     # speculation: the most tokens an agent drafts from its own text into a decode step (0: off; engine/spec/)
     draft_tokens: int = 0
     draft_auto: bool = False  # each agent's length up to draft_tokens, from what was measured (engine/spec/)
+    # while agents decode, a prefill chunk is cut to what the run's measured chunk times say takes at most this
+    # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens
+    max_stall_s: float | None = None
 
     def validate(self, n_ctx_train: int, no_drafts: str | None = None) -> None:
         """Refuses what cannot run, in one line; no_drafts: why the backend cannot verify drafts (None: it can)."""
@@ -112,6 +121,7 @@ class EngineSettings:
         check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)
         check_residency(self.residency)
         check_draft(self.draft_tokens)
+        check_max_stall(self.max_stall_s)
         if self.draft_tokens and no_drafts:
             raise UserError(f"--draft {self.draft_tokens}: no speculation on this model: {no_drafts}", field="draft")
         if self.swap_limit_bytes is not None and not (math.isfinite(self.swap_limit_bytes) and

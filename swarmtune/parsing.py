@@ -171,6 +171,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
                         "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off). "
                         f"auto: up to {AUTO_DRAFT_TOKENS}, each agent's length where measured step times say it pays")
+    g.add_argument("--max-stall-ms", type=_finite("--max-stall-ms"), default=None, metavar="MS",
+                   help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
+                        "MS, so no decoding agent waits longer between tokens for it (default: whole chunks)")
     g.add_argument("--no-reference", action="store_true",
                    help="no interleaved batch-1 reference steps (then no measured speedup)")
     g.add_argument("--check", action="store_true",

@@ -111,3 +111,18 @@ def test_a_penalised_sampler_draws(llama_backend):
     b.set_sampler(0, SamplingParams(seed=1, presence_penalty=0.5, frequency_penalty=0.2))
     b.prefill(0, b.tokenize("Once upon a time"), 0)
     assert 0 <= b.first_token_after_prefill(0) < b.n_vocab
+
+
+def test_a_stall_bound_cuts_tool_results_into_chunks_the_fit_sizes(llama_backend):
+    """On the real model: while others decode, each tool result's prefill runs in chunks cut to the bound (on
+    these CPUs a 16-token chunk costs 20-60 ms, so 10 ms cuts every one to the 16-token floor), every
+    cache holds its history after every step, and the cut chunks teach the fit a call's cost from a token's."""
+    e = Engine(llama_backend, EngineSettings(**SMALL, max_stall_s=0.01, check=True))
+    recs = [e.step() for _ in range(160)]
+    cut = [r for r in recs if r.kind == "prefill" and r.note.startswith("stall bound")]
+    assert cut and all(r.tokens <= 64 for r in cut)
+    after = [r for r in cut if r.step > recs[0].step + 40]
+    assert after and all(r.tokens == 16 for r in after), [r.note for r in after]
+    fit = e.analysis.chunks[e.s.kv].fit
+    assert fit is not None and fit.tokens_within(0.01, 0, 256) < 16
+    assert sum(r.tokens for r in recs if r.kind == "decode") > 100

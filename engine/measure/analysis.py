@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.measure.chunk_fit import ChunkTimes
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import StepPower
 from swarmtune.engine.measure.speedup import BatchOneReference
@@ -39,6 +40,7 @@ class StepAnalysis:
         self.ledger = EnergyLedger()
         self._calibrations: dict[KVSetting, Calibration] = {}
         self._references: dict[KVSetting, BatchOneReference] = {}
+        self.chunks: dict[KVSetting, ChunkTimes] = {}  # per KV setting: the prefill chunks timed
         self._decodes = 0
         self._fresh_context = True
         # a tuner's forecast (engine/tune/) needs only when its batch-1 reference steps fall, not what each
@@ -57,6 +59,16 @@ class StepAnalysis:
     def measured_kv(self) -> list[KVSetting]:
         """The KV settings some steps were timed at (types, or K/V pairs as "q8_0/f16")."""
         return list(self._calibrations)
+
+    def chunk_timed(self, kv: KVSetting, tokens: int, pos0: int, seconds: float) -> None:
+        self.chunks.setdefault(kv, ChunkTimes()).add(tokens, pos0, seconds)
+
+    def chunk_within(self, kv: KVSetting, seconds: float, pos0: int, most: int) -> int | None:
+        """The longest prefill chunk from pos0 (at most `most`) the measured chunks say takes at most `seconds`;
+        None before enough chunks ran at this KV setting to say."""
+        c = self.chunks.get(kv)
+        fit = c.fit if c is not None else None
+        return fit.tokens_within(seconds, pos0, most) if fit is not None else None
 
     def calibration(self, kv: KVSetting) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())
