@@ -117,6 +117,15 @@ class Backend(Protocol):
         drawn. What it returns gives each sequence's kept tokens; the cells of the drafts it did not keep are
         still there, for the caller to truncate."""
 
+    def why_no_mix(self) -> str | None:
+        """None where a decode step can carry a prefill chunk in the same call (launch_mixed); else why not."""
+
+    def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
+                     prefill_tokens: list[int], pos0: int) -> "Landing":
+        """launch_decode that also ingests prefill_tokens into prefill_seq's cache at pos0.. in the same call;
+        what it returns lands the decode as launch_decode's does, and first_token_after_prefill then draws
+        from the chunk's last row. NoKVSlot refuses both."""
+
     def drop(self, seq: int) -> None:
         """Free seq's cache."""
 

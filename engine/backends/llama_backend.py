@@ -288,6 +288,13 @@ class LlamaBackend:
                       drafts: list[list[int]]) -> VerifyLanding:
         return self.steps.launch_verify(seqs, tokens, positions, drafts)
 
+    def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
+                     prefill_tokens: list[int], pos0: int) -> Landing:
+        return self.steps.launch_mixed(seqs, tokens, positions, prefill_seq, prefill_tokens, pos0)
+
+    def why_no_mix(self) -> str | None:
+        return None
+
     def allow_drafts(self, n: int) -> str | None:
         return self.steps.allow_drafts(n)
 
@@ -298,8 +305,6 @@ class LlamaBackend:
         return self.steps.first_token_after_prefill(seq)
 
     def keep_logits(self, seq: int | None, n: int = 0) -> None:
-        """From now on keep the logits of seq's last n decode positions (a copy of each row, ~200 KB on a 49k
-        vocabulary): what the live setting itself produced there. None stops and forgets them."""
         self.steps.keep_logits(seq, n)
 
     @property
@@ -311,14 +316,9 @@ class LlamaBackend:
         return self.steps.last_distinct_experts
 
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
-        """While set, a llama_decode in progress gives up as soon as should_stop() says so (llama.cpp asks
-        between graph nodes): a long re-prefill stops at once when the user quits. Costs one Python call
-        per node, so it is set only around long steps."""
         self.steps.interrupt_with(should_stop)
 
     def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
-        """The logits that follow `token` at `pos` in seq, as this cache computes them; the cache is left
-        as it was. A check that a cache still holds its agent's text (tests, --check diagnostics)."""
         return self.steps.next_logits(seq, token, pos)
 
     # cells (llama_cells.py)

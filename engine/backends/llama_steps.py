@@ -103,6 +103,27 @@ class LlamaSteps:
         launched_s = time.perf_counter() - t0
         return lambda: self._land(seqs, tokens, positions, t0, launched_s)
 
+    def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
+                     prefill_tokens: list[int], pos0: int) -> Landing:
+        """launch_decode with one sequence's prefill chunk in the same llama_decode (llama-server's way): the
+        decode rows first, each drawn at the landing, then the chunk's, its last row kept for
+        first_token_after_prefill as a prefill's is."""
+        b = self.batch
+        n, m = len(seqs), len(prefill_tokens)
+        if not 0 < m <= self.batch_cap - n:
+            raise ValueError(f"a mixed step carries 1..{self.batch_cap - n} prefill tokens (got {m})")
+        b.n_tokens = n + m
+        rows = [(tokens[j], positions[j], seqs[j], 1) for j in range(n)]
+        rows += [(t, pos0 + i, prefill_seq, int(i == m - 1)) for i, t in enumerate(prefill_tokens)]
+        for j, (tok, pos, seq, out) in enumerate(rows):
+            b.token[j], b.pos[j], b.n_seq_id[j], b.seq_id[j][0], b.logits[j] = tok, pos, 1, seq, out
+        t0 = time.perf_counter()
+        self.run()
+        self.last_distinct_experts = None
+        self.prefill_row = (prefill_seq, n + m - 1)
+        launched_s = time.perf_counter() - t0
+        return lambda: self._land(seqs, tokens, positions, t0, launched_s)
+
     def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
                       drafts: list[list[int]]) -> VerifyLanding:
         """A decode step whose sequences may carry drafted tokens after the one they were fed: row by row, each
@@ -173,6 +194,8 @@ class LlamaSteps:
         return out, (launched_s + time.perf_counter() - t_wait) if waited_at_once else time.perf_counter() - t0
 
     def keep_logits(self, seq: int | None, n: int = 0) -> None:
+        """From now on keep the logits of seq's last n decode positions (a copy of each row, ~200 KB on a 49k
+        vocabulary): what the live setting itself produced there. None stops and forgets them."""
         self.keep_seq = seq
         self.kept = deque(maxlen=max(n, 1))
         self.b.samplers.keep(seq)  # its raw logits come back from the device
@@ -184,6 +207,9 @@ class LlamaSteps:
         return self.b.samplers.draw(seq, self.prefill_row[1])
 
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        """While set, a llama_decode in progress gives up as soon as should_stop() says so (llama.cpp asks
+        between graph nodes): a long re-prefill stops at once when the user quits. Costs one Python call
+        per node, so it is set only around long steps."""
         if should_stop is None:
             self._abort_cb = None
             ll.llama_set_abort_callback(self.b.ctx, ll.ggml_abort_callback(), None)
@@ -203,6 +229,8 @@ class LlamaSteps:
             raise RuntimeError(f"llama_decode returned {rc}")
 
     def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
+        """The logits that follow `token` at `pos` in seq, as this cache computes them; the cache is left
+        as it was. A check that a cache still holds its agent's text (tests, --check diagnostics)."""
         b = self.batch
         b.n_tokens = 1
         b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = token, pos, 1, seq, 1

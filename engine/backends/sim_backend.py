@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from swarmtune.engine.backends.backend import (
     NO_DRAFTS_RECURRENT,
@@ -31,6 +31,8 @@ _WORDS = (
     "value list dict index path file test fix bug patch diff line call args result error check update"
 ).split()
 _CHARS_PER_TOKEN = 4
+
+T = TypeVar("T")  # what a landing hands back: a decode's tokens, a verify step's kept runs
 
 
 def sim_facts(p: Profile) -> ModelFacts:
@@ -71,6 +73,19 @@ class _SavedSeq:
     tokens: int
     nbytes: int
     kv: KVSetting
+
+
+def _landing(out: T, seconds: float, paced: bool) -> Callable[[], tuple[T, float]]:
+    """What a step's launch returns: paced, it lands its modeled seconds after the launch, on the wall."""
+    if not paced:
+        return lambda: (out, seconds)
+    lands_at = time.perf_counter() + seconds
+
+    def landed() -> tuple[T, float]:
+        if (left := lands_at - time.perf_counter()) > 0:
+            time.sleep(left)
+        return out, seconds
+    return landed
 
 
 class SimBackend:
@@ -247,15 +262,21 @@ class SimBackend:
         """Paced, the step lands its modeled seconds after the launch, on the wall: a sleep, which leaves the
         GIL to whatever the host does meanwhile, as a device leaves the CPU (bench/overlap.py)."""
         out, seconds = self._decode(seqs, tokens, positions)
-        if not self.paced:
-            return lambda: (out, seconds)
-        lands_at = time.perf_counter() + seconds
+        return _landing(out, seconds, self.paced)
 
-        def landed() -> tuple[list[int], float]:
-            if (left := lands_at - time.perf_counter()) > 0:
-                time.sleep(left)
-            return out, seconds
-        return landed
+    def why_no_mix(self) -> str | None:
+        return None
+
+    def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
+                     prefill_tokens: list[int], pos0: int) -> Landing:
+        """Modeled: the chunk's work hides under the step's weight stream, as far as that stream is long (a
+        decode step leaves a card's compute idle while the weights stream); past it, it adds."""
+        if self._len.get(prefill_seq, 0) + len(prefill_tokens) > self.ctx_per_seq:
+            raise NoKVSlot()
+        out, seconds = self._decode(seqs, tokens, positions)
+        chunk = self.prefill(prefill_seq, prefill_tokens, pos0)
+        weights = self.profile.bytes_model.step_bytes(self.kv, []) / self.profile.effective_bandwidth_bytes_per_s
+        return _landing(out, seconds + max(0.0, chunk - weights), self.paced)
 
     def allow_drafts(self, n: int) -> str | None:
         return NO_DRAFTS_RECURRENT if n and self.profile.bytes_model.state_bytes else None
@@ -281,13 +302,7 @@ class SimBackend:
             kept.append(k)
         seconds = self.step_seconds(len(seqs), sum(positions) + len(seqs), contexts=[p + 1.0 for p in positions]) \
             + sum(len(d) for d in drafts) * self.profile.compute_seconds_per_token
-        lands_at = time.perf_counter() + seconds
-
-        def landed() -> tuple[list[list[int]], float]:
-            if self.paced and (left := lands_at - time.perf_counter()) > 0:
-                time.sleep(left)
-            return kept, seconds
-        return landed
+        return _landing(kept, seconds, self.paced)
 
     def _decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
         total = sum(positions) + len(seqs)  # each sequence's attention reads its cache, this token included
