@@ -71,8 +71,9 @@ def test_a_control_from_another_caller_applies_to_the_first_step_launched_after_
 @pytest.mark.model
 def test_overlap_on_the_real_model_samples_the_same_tokens(model_path):
     def run(overlap: bool) -> list[tuple]:
+        # no batch-1 reference steps: their cadence follows measured step times, which differ between runs
         s = EngineSettings(agents=4, ctx_per_agent=512, gen_tokens=16, tool_tokens=64, seed=5, check=True,
-                           overlap=overlap)
+                           overlap=overlap, reference=False)
         e = Engine(LlamaBackend(read_model_facts(model_path), n_threads=2), s)
         out = []
         for _ in range(80):
