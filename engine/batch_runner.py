@@ -12,6 +12,7 @@ from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
+from swarmtune.engine.mix_policy import MixPolicy
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
@@ -38,6 +39,7 @@ class Ran:
     drafts: int = 0  # a decode: the agents that carried drafts
     drafted: int = 0  # a decode: the drafted tokens it verified
     accepted: int = 0  # of those, the ones its agents kept (in `tokens`)
+    prefill_tokens: int = 0  # a decode: the prefill chunk it carried in the same call
 
 
 class BatchRunner:
@@ -53,6 +55,7 @@ class BatchRunner:
         self.since_reference = 0  # decode steps since the last batch-1 reference step
         self.probes = 0  # chunks cut to a stall bound before the chunk fit could size them
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
+        self.mix = MixPolicy(backend, settings, analysis)
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
         """The plan, as step number `step`, after freeing what it preempts."""
@@ -186,16 +189,20 @@ class BatchRunner:
         # drafts ride every decode step but a reference (its time is batch 1's without them)
         self.drafts.set_length(self.s.draft_tokens, self.s.draft_auto)
         drafts = self.drafts.for_batch(batch, self.s.draft_tokens) if self.s.draft_tokens and not note else None
+        # a prefill chunk rides a plain step: not a reference's (batch 1's own time) nor a verify step
+        mixed = plan.mixed if not note and drafts is None else None
         while True:
             try:
                 sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
                 if drafts is not None:
                     return self._verify(batch, sent, drafts, preempted, step, agents)
+                if mixed is not None:
+                    return self._mixed(batch, sent, mixed, plan.chunk, preempted, step, agents)
                 landing = self._launch([a.seq for a in batch], sent, [a.context for a in batch], launch)
                 break
             except NoKVSlot:
-                if drafts is not None:  # the cells the drafts needed: without them first
-                    drafts = None
+                if drafts is not None or mixed is not None:  # the cells drafts or a chunk needed: without first
+                    drafts = mixed = None
                     continue
                 victim = max(batch, key=lambda a: a.context)
                 self.preempt(victim)
@@ -211,6 +218,31 @@ class BatchRunner:
                 a.decoded(fed, step)
                 self.sampled(a, tok, seconds, agents)
             return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
+        return landed
+
+    def _mixed(self, batch: list[Agent], sent: list[int], a: Agent, chunk: int, preempted: list[int], step: int,
+               agents: list[Agent]) -> Callable[[], Ran]:
+        """A decode step that carries a's next prefill chunk in the same call (engine/mix_policy.py)."""
+        self._paste_due(a)
+        n = min(chunk, a.kept[0].at - a.context) if a.kept else chunk
+        n, note = self._within_stall(n, a, agents)
+        pos0 = a.context
+        landing = self.backend.launch_mixed([x.seq for x in batch], sent, [x.context for x in batch], a.seq,
+                                            a.pending[:n], pos0)
+
+        def landed() -> Ran:
+            out, seconds = landing()
+            self.mix.observed(seconds, batch, n, pos0)
+            for x, fed, tok in zip(batch, sent, out, strict=True):
+                x.decoded(fed, step)
+                self.sampled(x, tok, seconds, agents)
+            a.prefilled(n)
+            self._paste_due(a)
+            a.served(step)
+            if not a.pending:
+                a.ready()
+                self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
+            return Ran("decode", batch, seconds, len(batch), preempted, note=note, prefill_tokens=n)
         return landed
 
     def _verify(self, batch: list[Agent], sent: list[int], drafts: list[list[int]], preempted: list[int],

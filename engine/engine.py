@@ -57,7 +57,6 @@ class Engine:
         self.agents: list[Agent] = []
         self.budget = KVBudget(self.facts, self.s)
         # it reads the batch cap and the chunk from the settings, the budget from the KV type in force
-        self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv))
         min_need = min_context(self.s)
         if self.budget_tokens(self.s.kv) < min_need:
             raise UserError(f"the KV budget holds {self.budget_tokens(self.s.kv)} tokens at {self.s.kv}; "
@@ -84,6 +83,7 @@ class Engine:
         self.moves = MoveLog("modeled" if backend.source == "simulated" else "measured")
         self.parking = Parking(backend, self.s, self.moves)
         self.runner = BatchRunner(backend, self.s, self.workload, self.clock, self.analysis, self.moves, self.parking)
+        self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv), self.runner.mix.chunk)
         self.switch = KVSwitch(backend, self.s, self.analysis, self.moves, self.runner)
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
         # overlap: the next decode step is launched before a step's record goes to its readers, where the
@@ -324,8 +324,8 @@ class Engine:
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens, rec.drafts, rec.drafted, rec.accepted = (
-            ran.reference, ran.converted_tokens, ran.drafts, ran.drafted, ran.accepted)
+        rec.reference, rec.converted_tokens, rec.drafts, rec.drafted, rec.accepted, rec.prefill_tokens = (
+            ran.reference, ran.converted_tokens, ran.drafts, ran.drafted, ran.accepted, ran.prefill_tokens)
         rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
         self.step_index += 1
         return rec

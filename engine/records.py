@@ -150,6 +150,9 @@ class StepRecord:
     drafts: int = 0
     drafted: int = 0
     accepted: int = 0
+    # a decode step that carried a prefill chunk in the same call (engine/mix_policy.py): its tokens (not in
+    # `tokens`, which counts the tokens generated; its agent's prefill steps carry the rest)
+    prefill_tokens: int = 0
     type: str = "step"
 
     @property

@@ -14,14 +14,18 @@ class Plan:
     agents: list[Agent]
     chunk: int = 0  # prefill: how many of the agent's pending tokens go in this step
     preempt: list[Agent] | None = None  # to free before the step runs
+    mixed: Agent | None = None  # decode: the agent whose next `chunk` prefill tokens ride in the same call
 
 
 class Scheduler:
-    def __init__(self, settings: EngineSettings, kv_budget_tokens: Callable[[], int]) -> None:
+    def __init__(self, settings: EngineSettings, kv_budget_tokens: Callable[[], int],
+                 mix: Callable[[list[Agent], Agent, int], int] | None = None) -> None:
         # the engine's own settings, read at each step (the engine changes them; the scheduler keeps no copy),
         # and what the KV budget holds at the type in force
         self.s = settings
         self._budget = kv_budget_tokens
+        # how many of an agent's next chunk a decode batch carries in its own call (engine/mix_policy.py)
+        self._mix = mix or (lambda batch, a, chunk: 0)
         self._last_kind = "decode"
 
     @property
@@ -56,6 +60,8 @@ class Scheduler:
         if filling and (not ready or self._last_kind == "decode"):
             plan = self._prefill(agents, filling, used)
             if plan is not None:
+                if ready and not plan.preempt and (mixed := self._mixed(agents, ready, used, step, plan)):
+                    return mixed
                 self._last_kind = "prefill"
                 return plan
         if ready:
@@ -78,6 +84,18 @@ class Scheduler:
         if preempt is None:
             return None
         return Plan("prefill", [a], chunk=chunk, preempt=preempt)
+
+    def _mixed(self, agents: list[Agent], ready: list[Agent], used: int, step: int, prefill: Plan) -> Plan | None:
+        """The decode batch carrying the prefill's chunk in one call, where both fit the budget as they are
+        and the mix policy says so; the next step is a prefill's turn again, so every decode step may mix."""
+        plan = self._decode(agents, ready, used + prefill.chunk, step)
+        if plan.preempt or not plan.agents:
+            return None
+        n = self._mix(plan.agents, prefill.agents[0], prefill.chunk)
+        if n <= 0:
+            return None
+        self._last_kind = "decode"
+        return Plan("decode", plan.agents, chunk=n, mixed=prefill.agents[0])
 
     def _decode(self, agents: list[Agent], ready: list[Agent], used: int, step: int) -> Plan:
         # least recently served first: with more ready agents than the cap, everyone takes turns

@@ -111,6 +111,9 @@ class EngineSettings:
     # while agents decode, a prefill chunk is cut to what the run's measured chunk times say takes at most this
     # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens
     max_stall_s: float | None = None
+    # a decode step carries the next prefill chunk in the same call: True, False, or None: where the measured
+    # seconds say it pays, on a device; two calls on the CPU (engine/mix_policy.py)
+    mix: bool | None = None
 
     def validate(self, n_ctx_train: int, no_drafts: str | None = None) -> None:
         """Refuses what cannot run, in one line; no_drafts: why the backend cannot verify drafts (None: it can)."""

@@ -99,6 +99,7 @@ def engine_settings(args: argparse.Namespace, backend):
         swap_limit_bytes=args.swap_limit_mb * 1e6 if args.swap_limit_mb is not None else None,
         draft_tokens=getattr(args, "draft", (0, False))[0], draft_auto=getattr(args, "draft", (0, False))[1],
         max_stall_s=args.max_stall_ms / 1000 if getattr(args, "max_stall_ms", None) is not None else None,
+        mix={"on": True, "off": False}.get(getattr(args, "mix", "auto")),
     )
 
 

@@ -174,6 +174,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-stall-ms", type=_finite("--max-stall-ms"), default=None, metavar="MS",
                    help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
                         "MS, so no decoding agent waits longer between tokens for it (default: whole chunks)")
+    g.add_argument("--mix", choices=("auto", "on", "off"), default="auto",
+                   help="a decode step carries the next prefill chunk in the same call (on), never (off), or where "
+                        "the measured step times say it pays, on a device; two calls on the CPU (auto)")
     g.add_argument("--no-reference", action="store_true",
                    help="no interleaved batch-1 reference steps (then no measured speedup)")
     g.add_argument("--check", action="store_true",

@@ -70,6 +70,12 @@ class StepAnalysis:
         fit = c.fit if c is not None else None
         return fit.tokens_within(seconds, pos0, most) if fit is not None else None
 
+    def chunk_seconds(self, kv: KVSetting, tokens: int, pos0: int) -> float | None:
+        """What a prefill chunk of `tokens` from pos0 takes as its own call, by the chunks timed; None before."""
+        c = self.chunks.get(kv)
+        fit = c.fit if c is not None else None
+        return fit.seconds(tokens, pos0) if fit is not None else None
+
     def calibration(self, kv: KVSetting) -> Calibration:
         return self._calibrations.setdefault(kv, Calibration())
 
@@ -119,11 +125,12 @@ class StepAnalysis:
         if rec.kind != "decode" or not b:
             return
         mean_ctx = rec.mean_context
-        if rec.drafted:
-            # a verify step computes more rows than it has agents: the fits, the reference and the energy ledger
-            # learn from plain steps; its speedup counts the tokens its agents kept
+        if rec.drafted or rec.prefill_tokens:
+            # a verify step computes more rows than it has agents, a mixed one a prefill chunk besides: the fits,
+            # the reference and the energy ledger learn from plain steps; a verify step's speedup counts the
+            # tokens its agents kept (a mixed step's has no like to compare with)
             ref = self.reference(kv)
-            if ref.covers(mean_ctx) and seconds > 0:
+            if rec.drafted and ref.covers(mean_ctx) and seconds > 0:
                 rec.measured_speedup = rec.tokens * ref.seconds_at(mean_ctx) / seconds
             return
         if self.forecasting:
