@@ -293,3 +293,21 @@ def test_draft_auto_on_the_command_line(tmp_path):
     assert header["settings"]["draft_tokens"] == 8 and header["settings"]["draft_auto"] is True
     bad = run_cli("record", "--sim", SIM, "--steps", "5", "--draft", "lots", "-o", str(tmp_path / "b.jsonl"))
     assert bad.returncode == 2 and "--draft must be a whole number or auto (got 'lots')" in bad.stderr
+
+
+def test_the_flags_printed_for_other_engines_carry_the_speculation_held():
+    import json as js
+
+    from swarmtune.engine.model.bytes_model import ByteModel
+    from swarmtune.engine.model.engine_flags import engine_flags
+
+    bm = ByteModel.dense(1e9, 1024.0)
+    plain = engine_flags(4, KVSetting.parse("f16"), "keep", 2048, bm, 1e9, None, None)
+    assert not any("spec" in f for e in plain for f in e.flags)
+    ll, vllm, zinc = engine_flags(4, KVSetting.parse("f16"), "keep", 2048, bm, 1e9, None, None, 6, True)
+    assert ll.flags[ll.flags.index("--spec-type") + 1] == "ngram-simple"
+    assert ll.flags[ll.flags.index("--spec-ngram-simple-size-m") + 1] == "6"
+    assert any("measured length" in n for n in ll.notes)
+    cfg = js.loads(vllm.flags[vllm.flags.index("--speculative-config") + 1])
+    assert cfg == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    assert any("speculation" in n for n in zinc.notes)

@@ -3,6 +3,7 @@
 Only what maps is printed; what has no counterpart says so, rather than a near-miss flag that would
 change something else."""
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,10 @@ class EngineFlags:
 
 
 def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: int, bm: ByteModel,
-                 weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None) -> list[EngineFlags]:
+                 weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None,
+                 draft_tokens: int = 0, draft_auto: bool = False) -> list[EngineFlags]:
+    """draft_tokens: speculation from the agents' own text (engine/spec/), up to that many a step; draft_auto:
+    each agent's length measured, up to it."""
     out = []
     notes = []
     # llama-server splits -c cells evenly over its -np slots: as many as the budget holds at this type
@@ -45,6 +49,13 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
         notes.append("swap: an idle agent's slot saved and restored through POST /slots/{id}?action=save|restore")
     elif residency == "drop":
         notes.append("drop: no flag; an idle agent's slot is simply reused, and its prompt re-processed on return")
+    if draft_tokens:
+        # its n-gram lookup over the slot's own text, 3 tokens long as swarmtune's first try (which then tries 2,
+        # and the other agents' text: llama-server's ngram-cache keeps such a pool, from a file)
+        ll += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+               "--spec-ngram-simple-size-m", str(draft_tokens)]
+        notes.append("speculation: llama-server looks up only the slot's own text, not the other slots'"
+                     + ("; it has no per-slot measured length (auto): the most is set" if draft_auto else ""))
     out.append(EngineFlags("llama-server", ["llama-server", *ll], notes))
 
     v = ["vllm", "serve", "MODEL", "--max-num-seqs", str(batch_cap), "--max-model-len", str(ctx_per_agent)]
@@ -63,6 +74,10 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
     if residency == "swap":
         vnotes.append("swap: vLLM swaps or recomputes preempted requests itself (--swap-space where the version "
                       "has it)")
+    if draft_tokens:  # vLLM's prompt lookup: n-grams of 3 down to 2 tokens in the request's own text
+        v += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": draft_tokens,
+                                                  "prompt_lookup_max": 3, "prompt_lookup_min": 2})]
+        vnotes.append("speculation: vLLM's ngram looks up the request's own text only; one length for all")
     out.append(EngineFlags("vLLM", v, vnotes))
 
     z = ["zinc", "--parallel", str(batch_cap)]
@@ -71,5 +86,7 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
         z += ["--kv-quant", ZINC_KV[kv.label]]
     else:
         znotes.append(f"KV {kv}: no ZINC --kv-quant equivalent")
+    if draft_tokens:
+        znotes.append("speculation: no ZINC flag known for it")
     out.append(EngineFlags("ZINC", z, znotes))
     return out

@@ -48,7 +48,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f = e.facts
         prof = getattr(e.backend, "profile", None)
         flags = engine_flags(st.batch_cap, kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
-                             e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None))
+                             e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None), e.s.draft_tokens,
+                             e.s.draft_auto)
         source = e.backend.source
         ledger = getattr(e.quality, "ledger", None)
         run_s = e.now_s()  # the engine's clock: the tuner's probe and first look, before the first step, count
