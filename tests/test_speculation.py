@@ -251,6 +251,57 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
         assert metrics[prefix + "num_drafts"] == sum(st["drafts"] for st in steps) > 0
 
 
+@pytest.mark.model
+def test_drafts_a_grammar_rejects_are_cut_before_the_step(llama_backend):
+    """Under a grammar, the drafts past the first token it forbids never reach a row: the list is cut before
+    llama_decode, and what is kept is what the grammar and the model agree on."""
+    b = llama_backend
+    b.open(KVSetting.parse("f16"), 1, 256)
+    b.set_sampler(0, SamplingParams(temperature=0.0, grammar='root ::= "The answer is " ("yes" | "no") "."'))
+    prompt = b.tokenize(b.chat([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], True))
+    b.prefill(0, prompt, 0)
+    first = b.first_token_after_prefill(0)
+    assert b.piece(first) == "The"
+    allowed, forbidden = b.tokenize(" answer is yes."), b.tokenize(" extra words")
+    assert b.samplers.grammar_allows(0, allowed + forbidden) == len(allowed)
+    drafts = [allowed + forbidden]
+    kept, _ = b.launch_verify([0], [first], [len(prompt)], drafts)()
+    assert drafts == [allowed]  # cut in place: the caller counts the rows that ran
+    assert b.cells(0) == (0, len(prompt) + len(allowed))  # no cell for a forbidden draft
+    text = "The" + "".join(b.piece(t) for t in kept[0])
+    assert text.startswith("The answer is ") and text.removeprefix("The answer is ") in ("y", "ye", "yes", "n", "no")
+
+
+@pytest.mark.model
+def test_served_greedy_json_with_drafts_is_the_json_without(tmp_path):
+    """A JSON schema held by a grammar: the same answer with drafts as without."""
+    import openai
+
+    from tests.remote_helpers import served
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "lines": {"type": "integer"}},
+              "required": ["name", "lines"]}
+    msgs = [{"role": "user", "content": 'Reply with this JSON and nothing else: {"name": "add_two_numbers", '
+                                        '"lines": 2}. Again: {"name": "add_two_numbers", "lines": 2}'}]
+    flags = ("--clients", "--agents", "2", "--ctx", "1024", "--threads", "2", "--check")
+
+    def ask(url: str) -> str:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="anything")
+        return c.chat.completions.create(
+            model="m", messages=msgs, max_tokens=40, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema}},
+        ).choices[0].message.content or ""
+
+    with served(*flags) as s:
+        want = ask(s.url)
+    rec = tmp_path / "r.jsonl"
+    with served(*flags, "--draft", "8", "--record", str(rec)) as s:
+        got = ask(s.url)
+    assert json.loads(want) and got == want
+    steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
+    assert sum(st["drafted"] for st in steps) > 0  # drafts rode its steps, cut where the grammar ends them
+
+
 def test_auto_drafts_where_a_row_is_cheap_and_not_where_it_costs_a_step():
     from swarmtune.engine.spec.draft_policy import EXPLORE_EVERY, EXPLORE_EVERY_MAX, DraftPolicy
 

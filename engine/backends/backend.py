@@ -115,7 +115,8 @@ class Backend(Protocol):
                       drafts: list[list[int]]) -> VerifyLanding:
         """launch_decode with drafted tokens after each sequence's own (none: []): every row's cell written and
         drawn. What it returns gives each sequence's kept tokens; the cells of the drafts it did not keep are
-        still there, for the caller to truncate."""
+        still there, for the caller to truncate. Drafts a sequence's grammar rejects are cut from its list
+        (in place) before the step."""
 
     def why_no_mix(self) -> str | None:
         """None where a decode step can carry a prefill chunk in the same call (launch_mixed); else why not."""

@@ -142,6 +142,30 @@ class Samplers:
             if was:
                 self._attach(seq)
 
+    def grammar_allows(self, seq: int, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the start, seq's grammar lets follow what it has accepted (all, without one):
+        checked on a copy of its grammar, one token at a time, as `draw` checks a drawn token."""
+        g = self.grammars.get(seq)
+        if g is None or not tokens:
+            return len(tokens)
+        t0 = time.perf_counter()
+        probe = ll.llama_sampler_clone(g)
+        one, arr = self._one, self._one_arr
+        n = 0
+        try:
+            for tok in tokens:
+                one.id, one.logit, one.p = ll.llama_token(tok), 1.0, 0.0
+                arr.size, arr.selected, arr.sorted = 1, -1, False
+                ll.llama_sampler_apply(probe, ctypes.byref(arr))
+                if one.logit == -math.inf:
+                    break
+                ll.llama_sampler_accept(probe, tok)
+                n += 1
+        finally:
+            ll.llama_sampler_free(probe)
+        self.host_s += time.perf_counter() - t0
+        return n
+
     def on_host(self, seqs: Sequence[int]) -> list[int]:
         """Of these sequences, those whose tokens the host draws from their logits."""
         return [s for s in seqs if s not in self.on_device]

@@ -129,7 +129,13 @@ class LlamaSteps:
         """A decode step whose sequences may carry drafted tokens after the one they were fed: row by row, each
         sequence's token then its drafts at the positions after it, every row's output drawn. What it returns
         waits for the device and gives, per sequence, the tokens it keeps: the drafts its own draws agreed with,
-        then the draw after them (engine/backends/llama_sampling.py verify)."""
+        then the draw after them (engine/backends/llama_sampling.py verify). A sequence's drafts its grammar
+        would reject are cut from its list first (in place: the caller counts what was verified): no row is
+        spent on a token whose draw the grammar could never make it."""
+        for s, d in zip(seqs, drafts, strict=True):
+            if d and s in self.b.samplers.grammars:
+                # the draft follows the token fed, which the grammar has accepted when it was drawn
+                del d[self.b.samplers.grammar_allows(s, d):]
         b = self.batch
         n = len(seqs) + sum(len(d) for d in drafts)
         if n > self.batch_cap:
