@@ -56,6 +56,7 @@ class BatchRunner:
         self.probes = 0  # chunks cut to a stall bound before the chunk fit could size them
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
         self.mix = MixPolicy(backend, settings, analysis)
+        self.drafts.room = settings.draft_tokens  # the engine asked the backend for it before the first context
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
         """The plan, as step number `step`, after freeing what it preempts."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.settings import (
+    DraftSetting,
     EngineSettings,
     cap_in_force,
     check_agents,
@@ -30,6 +31,7 @@ class Control:
     agents: int | None = None
     residency: str | None = None
     autotune: bool | None = None
+    draft: DraftSetting | None = None  # speculation: a whole number 0-16 or "auto" given, read as the setting
 
     def __post_init__(self) -> None:
         """Whoever embeds the engine builds controls in Python: each field is read or refused here, at the
@@ -48,6 +50,8 @@ class Control:
             raise UserError(f"residency must be one of keep, swap, drop (got {self.residency!r})", field="residency")
         if self.autotune is not None and not isinstance(self.autotune, bool):
             raise UserError(f"autotune must be true or false (got {self.autotune!r})", field="autotune")
+        if self.draft is not None and not isinstance(self.draft, DraftSetting):
+            object.__setattr__(self, "draft", DraftSetting.parse(self.draft))
 
     def changes(self) -> dict[str, object]:
         """What it changes, by the engine's names."""
@@ -69,7 +73,7 @@ class Control:
         return Control(**{k: v for k, v in self.changes().items() if gone.get(k, None) != v})  # type: ignore[arg-type]
 
     def to_http(self) -> dict[str, object]:
-        return {HTTP_NAMES.get(k, k): str(v) if isinstance(v, KVSetting) else v for k, v in self.changes().items()}
+        return {HTTP_NAMES.get(k, k): _http_value(v) for k, v in self.changes().items()}
 
     @classmethod
     def from_http(cls, body: dict[str, object]) -> "Control":
@@ -86,6 +90,15 @@ class Control:
 _FIELDS = fields(Control)  # once: dataclasses.fields() builds its tuple on every call
 
 
+def _http_value(v: object) -> object:
+    """A setting as a body spells it: a KV setting by its name, a draft setting as its number or "auto"."""
+    if isinstance(v, KVSetting):
+        return str(v)
+    if isinstance(v, DraftSetting):
+        return v.label if v.auto else v.tokens
+    return v
+
+
 @dataclass
 class EngineState:
     """What a control answer reports: the settings now in force (or about to be, at the next step). Derived
@@ -95,6 +108,7 @@ class EngineState:
     agents: int
     residency: str = "keep"
     autotune: bool | None = None  # None: this engine has no tuner
+    draft: DraftSetting | None = None  # None: a source that does not say
 
     @property
     def kv_label(self) -> str:
@@ -109,12 +123,13 @@ class Pending:
 
     def __init__(self, settings: EngineSettings, budget_tokens: Callable[[KVSetting], int],
                  autotune: Callable[[], bool | None],
-                 room: Callable[[KVSetting, int], str | None] | None = None) -> None:
+                 room: Callable[[KVSetting, int], str | None] | None = None, no_drafts: str | None = None) -> None:
         self.s = settings  # the engine's own
         self._budget_tokens = budget_tokens  # what the KV budget holds at a type
         self._autotune = autotune  # the tuner's switch in force; None: no tuner
         # whether the device holds the cache a KV type and an agent count would rebuild (None: it fits)
         self._room = room
+        self._no_drafts = no_drafts  # why this model cannot verify drafts (None: it can)
         self._change = Control()
         self._lock = threading.Lock()
 
@@ -134,6 +149,9 @@ class Pending:
                         raise UserError(f"the KV budget holds only {budget} tokens at {kv}", field="kv_type")
             if residency is not None:
                 check_residency(residency)
+            if c.draft is not None and c.draft.tokens and self._no_drafts:
+                raise UserError(f"draft {c.draft.label}: no speculation on this model: {self._no_drafts}",
+                                field="draft")
             if self._room is not None and (kv is not None or agents is not None) and st.kv is not None:
                 why = self._room(kv if kv is not None else st.kv, n_agents)
                 if why is not None:
@@ -157,6 +175,7 @@ class Pending:
             agents=agents,
             residency=p.residency or s.residency,
             autotune=None if tuner_on is None else (p.autotune if p.autotune is not None else tuner_on),
+            draft=p.draft or DraftSetting(s.draft_tokens, s.draft_auto),
         )
 
     def take(self) -> Control:
@@ -170,7 +189,7 @@ class Pending:
             self._change = self._change.less(done)
 
 
-COMMAND_HELP = "kv TYPE (or K/V: q8_0/f16), cap N, agents N, residency keep|swap|drop or autotune on|off"
+COMMAND_HELP = "kv TYPE (or K/V: q8_0/f16), cap N, agents N, residency keep|swap|drop, autotune on|off or draft N|auto"
 
 
 def parse_command(text: str) -> Control:
@@ -178,13 +197,15 @@ def parse_command(text: str) -> Control:
     are (`Engine.request`, or a remote node's `/v1/control`), so that a bad one reads the same line. A KV
     setting is read here, where its spelling enters, in the words every other entry uses."""
     parts = text.split()
-    if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune"):
+    if len(parts) != 2 or parts[0] not in ("kv", "cap", "agents", "residency", "autotune", "draft"):
         raise UserError(f"unknown command {text.strip()!r}: use {COMMAND_HELP}")
     what, value = parts
     if what == "kv":
         return Control(kv=KVSetting.parse(value))
     if what == "residency":
         return Control(residency=value)
+    if what == "draft":
+        return Control(draft=DraftSetting.parse(value))
     if what == "autotune":
         if value not in ("on", "off"):
             raise UserError(f"autotune takes on or off (got {value!r})")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from swarmtune.engine.agents.agent import Agent, AgentState
 from swarmtune.engine.agents.agent_source import AgentSource
 from swarmtune.engine.agents.workload import Workload
-from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.backends.backend import NO_DRAFTS_RECURRENT, Backend
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.cache_check import check_caches
@@ -65,7 +65,7 @@ class Engine:
         self.clock: Clock = backend.new_clock()  # the wall's, or a simulated card's modeled seconds
         # what was requested and not yet applied; the settings in force are self.s (and self.autotune)
         self.pending = Pending(self.s, self.budget_tokens, lambda: None if self.tuner is None else self.autotune,
-                               self._why_no_room)
+                               self._why_no_room, NO_DRAFTS_RECURRENT if self.facts.bytes_model.state_bytes else None)
         self.tuner = tuner  # engine/tune/: watches every record, turns the controls through request()
         self.quality = quality  # engine/quality/quality_check.py: the live KV quality check, where there is one
         self.autotune = autotune and tuner is not None
@@ -97,16 +97,14 @@ class Engine:
         return self.budget.tokens(kv, self.slots)
 
     def snapshot(self) -> EngineSnapshot:
-        """What a shadow of this engine starts from (engine/tune/shadow.py): the agents are the live ones,
-        for the shadow to copy, not to change."""
+        """What a shadow of this engine starts from (engine/tune/shadow.py): the live agents, to copy, not change."""
         return EngineSnapshot(slots=self.slots, kv=self.s.kv, ctx_per_agent=self.s.ctx_per_agent,
                               now_s=self.now_s(), step_index=self.step_index,
                               since_reference=self.runner.since_reference, agents=tuple(self.agents),
                               analysis=self.analysis)
 
     def resume_from(self, snap: EngineSnapshot, clock: Clock) -> None:
-        """In place of start(): this engine goes on from another's snapshot, on this clock (its agents are
-        the caller's to add, its cache the caller's to fill)."""
+        """In place of start(): goes on from another's snapshot, on this clock (agents and cache: the caller's)."""
         self.slots = snap.slots
         self.runner.since_reference = snap.since_reference
         self.clock = self.runner.clock = clock
@@ -131,8 +129,7 @@ class Engine:
         self.run_id = uuid.uuid4().hex[:12]
         self.started = True
         if self.autotune and self.tuner is not None:
-            # on the run's clock: what the tuner measures before the first step (the KV types it may use) costs
-            # the swarm its time
+            # on the run's clock: what the tuner measures before the first step costs the swarm its time
             self._queued += [self.tune_record(note) for note in self.tuner.prepare(self)]
 
     def _new_agent(self, agent_id: int) -> Agent:
@@ -191,6 +188,8 @@ class Engine:
             self.s.batch_cap = c.batch_cap
         if c.residency is not None:
             self.s.residency = c.residency  # where the next agent to call a tool parks its history
+        if c.draft is not None:
+            self.s.draft_tokens, self.s.draft_auto = c.draft.tokens, c.draft.auto
         if c.autotune is not None and c.autotune != self.autotune:
             self.autotune = c.autotune
             if c.autotune and self.tuner is not None:
@@ -200,7 +199,8 @@ class Engine:
         # a new KV type stays pending until the rebuild to it ends (or is refused)
         if c:
             self.pending.applied(replace(c, kv=None) if rebuild_to is not None else c)
-        if rebuild_to is None and self.backend.n_seqs >= self.slots:
+        more_rows = self.runner.drafts.make_room(self.s.draft_tokens)  # a context made for fewer drafts: rebuilt
+        if rebuild_to is None and self.backend.n_seqs >= self.slots and not more_rows:
             return None
         ran = self.switch.rebuild(rebuild_to or self.s.kv, self.slots, self.agents, self.budget_tokens,
                                   self.scheduler.used_tokens, self.should_stop, self.progress)

@@ -48,6 +48,7 @@ class Recorder:
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
             source=self.backend.source, mean_context=mean_context(contexts), preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
+            draft_setting="auto" if self.s.draft_auto else str(self.s.draft_tokens),
             moved=moved, residency_seconds=sum(m.seconds for m in moved),
         )
         if batch and bm.state_bytes:

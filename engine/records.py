@@ -153,6 +153,8 @@ class StepRecord:
     # a decode step that carried a prefill chunk in the same call (engine/mix_policy.py): its tokens (not in
     # `tokens`, which counts the tokens generated; its agent's prefill steps carry the rest)
     prefill_tokens: int = 0
+    # the speculation setting in force (--draft): the most tokens an agent drafts, or "auto"; "0": off
+    draft_setting: str = "0"
     type: str = "step"
 
     @property

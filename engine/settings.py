@@ -40,6 +40,33 @@ def check_draft(n: int) -> int:
     return n
 
 
+AUTO_DRAFT_TOKENS = 8  # draft auto: the most an agent drafts; the measured rule picks each agent's length
+
+
+@dataclass(frozen=True)
+class DraftSetting:
+    """Speculation as a control: the most tokens an agent drafts into a decode step (0: off), and whether the
+    measured rule picks each agent's length up to it (auto)."""
+
+    tokens: int
+    auto: bool = False
+
+    @classmethod
+    def parse(cls, value: object) -> "DraftSetting":
+        """A flag's, a command's or an HTTP body's value: a whole number 0-16, or "auto"."""
+        if value == "auto":
+            return cls(AUTO_DRAFT_TOKENS, True)
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"draft must be a whole number or auto (got {value!r})", field="draft")
+        return cls(check_draft(value))
+
+    @property
+    def label(self) -> str:
+        return "auto" if self.auto else str(self.tokens)
+
+
 def check_max_stall(seconds: float | None) -> float | None:
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise UserError(f"--max-stall-ms must be a number above 0 (got {seconds * 1000:g})", field="max_stall_s")

@@ -11,6 +11,7 @@ import swarmtune
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting, parse_kv_list
+from swarmtune.engine.settings import AUTO_DRAFT_TOKENS
 
 EXIT_BAD_INPUT = 2
 
@@ -58,7 +59,6 @@ def _whole(name: str) -> Callable[[str], int]:
     return parse
 
 
-AUTO_DRAFT_TOKENS = 8  # --draft auto: the most an agent drafts; the measured rule picks each agent's length
 
 
 def _draft(text: str) -> tuple[int, bool]:

@@ -48,6 +48,9 @@ async def test_controls_on_the_sim_backend():
         assert await wait_for(pilot, lambda: len(app.stats.latest.agents) == 9)
         await pilot.press("x")
         assert await wait_for(pilot, lambda: len(app.stats.latest.agents) == 8)
+        await pilot.press("d")  # drafts: 0 -> 4
+        assert await wait_for(pilot, lambda: app.stats.latest.draft_setting == "4")
+        assert any("drafts 4" in note.message for note in app._notifications)
         await pilot.press("space")
         assert app.paused
         n = app.stats.steps

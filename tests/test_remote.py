@@ -77,6 +77,13 @@ def test_control_and_invalid_bodies(sim_server):
     r = httpx.post(sim_server.url + "/v1/control", json={"autotune": "yes"})
     assert r.status_code == 422 and "autotune" in json.dumps(r.json()["detail"])
     c.control(residency="keep", autotune=False)
+    # speculation: a length or auto, in the engine's words when out of range
+    assert c.control(draft=4)["draft"] == 4 and c.control(draft="auto")["draft"] == "auto"
+    assert c.state()["settings"]["draft"] == "auto"
+    for bad, says in ((99, "draft length must be between 0 and 16 (got 99)"), ("often", "draft"), (1.5, "draft")):
+        r = httpx.post(sim_server.url + "/v1/control", json={"draft": bad})
+        assert r.status_code == 422 and says in json.dumps(r.json()["detail"]), r.text
+    assert c.control(draft=0)["draft"] == 0
 
 
 def test_a_pause_holds_at_once_while_the_tuner_looks(sim_server):

@@ -14,9 +14,11 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.batch_runner import BatchRunner
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
+from swarmtune.engine.settings import DraftSetting
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter
 from tests.conftest import SIM, run_cli
 
@@ -122,6 +124,26 @@ def test_an_impossible_draft_length_is_one_line(tmp_path):
     assert "Traceback" not in out.stderr and not (tmp_path / "r.jsonl").exists()
 
 
+def test_the_draft_length_is_a_live_control():
+    """Off, then 4 (the context made again with rows for them), then off (no rebuild), then auto (more rows:
+    made again); each step's record says the setting it ran with, and the cache check holds throughout."""
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(agents=4, ctx_per_agent=4096, check=True))
+    before = [e.step() for _ in range(60)]
+    assert not any(r.drafted for r in before) and {r.draft_setting for r in before} == {"0"}
+    assert e.request(Control(draft=4)).draft == DraftSetting(4)
+    assert e.step().kind == "rebuild"
+    four = [e.step() for _ in range(300)]
+    assert any(r.drafted for r in four) and {r.draft_setting for r in four} == {"4"}
+    assert all(r.drafted <= 4 * r.batch for r in four)
+    e.request(Control(draft=0))
+    off = [e.step() for _ in range(60)]
+    assert "rebuild" not in {r.kind for r in off} and not any(r.drafted for r in off[1:])
+    e.request(Control(draft="auto"))
+    assert e.step().kind == "rebuild" and e.state().draft == DraftSetting(8, auto=True)
+    assert {e.step().draft_setting for _ in range(20)} == {"auto"}
+
+
 def test_a_recurrent_model_refuses_drafts_and_keeps_none(tmp_path):
     import tests.tiny_gguf as tg
     from swarmtune.engine.backends.llama_backend import LlamaBackend
@@ -132,6 +154,10 @@ def test_a_recurrent_model_refuses_drafts_and_keeps_none(tmp_path):
         with pytest.raises(UserError, match="recurrent state cannot take back"):
             Engine(b, EngineSettings(agents=2, draft_tokens=4, ctx_per_agent=512))
         assert b.steps.drafts == 0
+        e = Engine(b, EngineSettings(agents=2, ctx_per_agent=512))  # live, the same line and nothing changes
+        with pytest.raises(UserError, match="recurrent state cannot take back") as err:
+            e.request(Control(draft=4))
+        assert err.value.field == "draft" and e.state().draft == DraftSetting(0) and b.steps.drafts == 0
     finally:
         b.close()
 

@@ -17,6 +17,7 @@ from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.records import StepRecord
+from swarmtune.engine.settings import DraftSetting
 from swarmtune.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker
 from swarmtune.tui.messages import EngineFailed, EngineProgress, Seeked, StepsArrived
@@ -28,6 +29,7 @@ from swarmtune.tui.widgets.power import PowerPanel
 from swarmtune.tui.widgets.status import StatusLine
 
 KV_CYCLE = tuple(KVSetting.parse(t) for t in ("f16", "q8_0", "q4_0"))
+DRAFT_CYCLE = ("0", "4", "8", "auto")  # the d key's speculation settings, in turn
 UI_INTERVAL_S = 0.25  # at most 4 batches of records a second reach the UI
 EAGER_S = 1.0  # after a control, records reach the UI one by one for this long: its effect shows at once
 # How often each panel repaints at most: numbers and the live batch once a second (as nvtop does), the
@@ -40,8 +42,8 @@ PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 1.0, AgentsTable: 1.0, Misses
                                        BatchPlot: 1.0, BytesPlot: 2.0, SpeedupPlot: 2.0}
 LIVE_HELP = (
     "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE or K/V, cap N, agents N, "
-    "residency keep|swap|drop, autotune on|off) | +/- batch cap | a/x add/remove agent | t tuner on/off | "
-    "space pause | r reset statistics | q quit"
+    "residency keep|swap|drop, autotune on|off, draft N|auto) | +/- batch cap | a/x add/remove agent | "
+    "t tuner on/off | d drafts (0 -> 4 -> 8 -> auto) | space pause | r reset statistics | q quit"
 )
 REPLAY_HELP = (
     "space pause | . one step | [ ] seek 10% back/forward | < > half/double speed | r reset statistics | q quit"
@@ -63,6 +65,7 @@ class SwarmApp(App):
         Binding("minus", "cap(-1)", "cap -", key_display="-"),
         Binding("a", "agents(1)", "add agent"),
         Binding("t", "autotune", "autotune"),
+        Binding("d", "cycle_draft", "drafts", show=False),
         Binding("x", "agents(-1)", "remove agent"),
         Binding("space", "pause", "pause"),
         Binding("full_stop", "step_once", "step", key_display="."),
@@ -170,7 +173,7 @@ class SwarmApp(App):
         self.source.stop()
         return self.engine_stopped.wait(timeout_s)
 
-    CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command", "autotune"}
+    CONTROL_ACTIONS = {"cycle_kv", "pick_kv", "cap", "agents", "command", "autotune", "cycle_draft"}
     REPLAY_ACTIONS = {"step_once", "seek", "speed"}
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -288,8 +291,9 @@ class SwarmApp(App):
             self.notify(str(e), severity="error")
             return
         tuner = "" if st.autotune is None else f", tuner {'on' if st.autotune else 'off'}"
-        self.notify(f"KV {st.kv_label}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}",
-                    timeout=3)
+        draft = "" if st.draft is None else f", drafts {st.draft.label}"
+        self.notify(f"KV {st.kv_label}, batch cap {st.batch_cap}, agents {st.agents}, residency {st.residency}{tuner}"
+                    f"{draft}", timeout=3)
         # the setting shows at once, not at the next paint: a key's effect is what the user waits for
         self._dirty = self._force_status = True
         self.refresh_panels()
@@ -327,6 +331,11 @@ class SwarmApp(App):
             self.notify("this engine has no tuner (swarmtune run or serve have one)", severity="warning")
             return
         self._control(Control(autotune=not on))
+
+    def action_cycle_draft(self) -> None:
+        cur = self.source.state().draft
+        at = DRAFT_CYCLE.index(cur.label) if cur is not None and cur.label in DRAFT_CYCLE else -1
+        self._control(Control(draft=DraftSetting.parse(DRAFT_CYCLE[(at + 1) % len(DRAFT_CYCLE)])))
 
     def action_pause(self) -> None:
         try:

@@ -16,6 +16,16 @@ class Drafts:
         self.turn_left = turn_left  # tokens an agent's turn may still generate
         self.drafter = NgramDrafter()
         self.policy: DraftPolicy | None = None  # --draft auto: the lengths from what was measured
+        self.room = 0  # the drafted rows a sequence the backend's contexts are made for (allow_drafts)
+
+    def make_room(self, n: int) -> bool:
+        """Contexts made from now on verify up to n drafts a sequence; True where that is more than the live one
+        was made for (it must be made again before n can ride)."""
+        if n <= self.room:
+            return False
+        self.backend.allow_drafts(n)
+        self.room = n
+        return True
 
     def set_length(self, n: int, auto: bool) -> None:
         """At most n tokens an agent; auto: each agent's length from the policy."""

@@ -12,7 +12,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Query, Request
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import swarmtune
 from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
@@ -58,6 +59,10 @@ class ControlBody(BaseModel):
     residency: str | None = Field(default=None, json_schema_extra={"enum": [*RESIDENCY, None]},
                                   description="where a waiting agent's history lives")
     autotune: bool | None = Field(default=None, description="the tuner on or off (its objective is the server's)")
+    draft: int | Literal["auto"] | None = Field(
+        default=None, description="speculation: the most tokens an agent drafts into a decode step (0: off), or "
+                                  "auto: each agent's length where the measured step times say it pays",
+        json_schema_extra={"minimum": 0, "maximum": MAX_DRAFT_TOKENS})
     paused: bool | None = None
 
 
@@ -67,12 +72,14 @@ class Settings(BaseModel):
     agents: int
     residency: str
     autotune: bool | None  # None: this engine has no tuner
+    draft: int | Literal["auto"] | None = None  # None: the engine does not say
     paused: bool
 
 
 def _settings(st: EngineState, paused: bool) -> Settings:
+    draft: int | Literal["auto"] | None = None if st.draft is None else ("auto" if st.draft.auto else st.draft.tokens)
     return Settings(batch_cap=st.batch_cap, kv_type=st.kv_label, agents=st.agents, residency=st.residency,
-                    autotune=st.autotune, paused=paused)
+                    autotune=st.autotune, draft=draft, paused=paused)
 
 
 def is_loopback(host: str) -> bool:

@@ -11,6 +11,7 @@ from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting, known_kv
 from swarmtune.engine.records import StepRecord
+from swarmtune.engine.settings import DraftSetting
 from swarmtune.sources.backoff import Backoff
 from swarmtune.sources.client import SwarmClient
 from swarmtune.sources.protocol import Capabilities, Sink
@@ -51,7 +52,7 @@ class RemoteSource:
             raise UserError(f"the remote engine did not answer: {e}") from None
         self._paused = s["paused"]
         self._settings = EngineState(s["batch_cap"], _remote_kv(s["kv_type"]), s["agents"], s.get("residency", "keep"),
-                                     s.get("autotune"))
+                                     s.get("autotune"), _remote_draft(s.get("draft")))
         return self._settings
 
     def state(self) -> EngineState:
@@ -70,7 +71,8 @@ class RemoteSource:
                     sink.header(info)
                 st = self.client.state()["settings"]
                 self._settings = EngineState(st["batch_cap"], _remote_kv(st["kv_type"]), st["agents"],
-                                             st.get("residency", "keep"), st.get("autotune"))
+                                             st.get("residency", "keep"), st.get("autotune"),
+                                             _remote_draft(st.get("draft")))
                 self._paused = st["paused"]
                 self._stream(sink, cancelled)
             except (httpx.HTTPError, OSError, ValueError) as e:
@@ -120,5 +122,16 @@ def _remote_kv(text: object) -> KVSetting | None:
     version cannot read (a newer type): shown as unknown, never a dead screen."""
     try:
         return known_kv(str(text))
+    except UserError:
+        return None
+
+
+def _remote_draft(value: object) -> DraftSetting | None:
+    """The remote engine's speculation setting; None where it did not say (an older server) or said what this
+    version cannot read."""
+    if value is None:
+        return None
+    try:
+        return DraftSetting.parse(value)
     except UserError:
         return None
