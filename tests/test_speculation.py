@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.batch_runner import BatchRunner
+from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import profile
