@@ -216,3 +216,25 @@ async def test_the_dashboard_serves_clients_and_shows_each_conversation_as_an_ag
         await pilot.press("k")  # the dashboard's controls reach the served engine
         assert await wait_for(pilot, lambda: app.stats.latest.kv_type == "q8_0")
         await pilot.press("q")
+
+
+async def test_speculation_shown_counted_and_curved():
+    """With drafts on: the status line counts drafted against kept and the tokens an agent gains a step, and
+    the speedup plot carries the curve with speculation beside the one without, and the verify steps' points."""
+    from swarmtune.tui.widgets.plots import SpeedupPlot
+    from swarmtune.tui.widgets.status import status_text
+
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes,
+                                             draft_tokens=4))
+    app = SwarmApp(LiveSource(e))
+    async with app.run_test(size=(160, 50)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.accepted > 20 and len(app.stats.spec_points) > 3)
+        s = app.stats
+        assert s.drafted >= s.accepted and s.draft_gain is not None and s.draft_gain > 0
+        line = status_text(s, "", False).plain
+        assert f"drafts kept {s.accepted:,}/{s.drafted:,}" in line and "tok/agent-step" in line
+        await pilot.pause(2.5)  # the plot repaints every 2 s
+        labels = [x.label for x in app.query_one(SpeedupPlot).chart.series]
+        assert any(lb.startswith("with speculation") for lb in labels), labels
+        assert any("drafts verified" in lb for lb in labels), labels

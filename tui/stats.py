@@ -20,6 +20,12 @@ class Stats:
     steps: int = 0
     batch_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (step, batch, cap, waiting)
     measured_points: deque = field(default_factory=lambda: deque(maxlen=400))  # (mean context, speedup, batch)
+    # speculation: the verify steps' measured speedups apart (they count kept drafts), each recent decode step's
+    # (batch, drafted, kept) while drafts were on, and the drafted and kept tokens since the dashboard began
+    spec_points: deque = field(default_factory=lambda: deque(maxlen=400))
+    spec_recent: deque = field(default_factory=lambda: deque(maxlen=64))
+    drafted: int = 0
+    accepted: int = 0
     rate: RollingRate = field(default_factory=RollingRate)
     agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
     joules: float = 0.0
@@ -41,6 +47,13 @@ class Stats:
     agent_joules: dict = field(default_factory=dict)  # agent id -> joules since the dashboard began
     _generated_from: dict = field(default_factory=dict)  # agent id -> its generated count when first seen
 
+    @property
+    def draft_gain(self) -> float | None:
+        """The tokens a decoding agent gained a step from its kept drafts, over the recent steps while drafts were
+        on (measured); None while they are off."""
+        batch = sum(b for b, _, _ in self.spec_recent)
+        return sum(k for _, _, k in self.spec_recent) / batch if batch else None
+
     def reset(self) -> None:
         header = self.header
         self.__init__()  # type: ignore[misc]
@@ -60,7 +73,12 @@ class Stats:
             acc[1] += r.seconds
             self.batch_history.append((r.step, r.batch, r.batch_cap, waiting, at_tool))
             if r.measured_speedup is not None:
-                self.measured_points.append((r.mean_context, r.measured_speedup, r.batch))
+                (self.spec_points if r.drafted else self.measured_points).append(
+                    (r.mean_context, r.measured_speedup, r.batch))
+            if r.draft_setting != "0":
+                self.spec_recent.append((r.batch, r.drafted, r.accepted))
+            self.drafted += r.drafted
+            self.accepted += r.accepted
         if r.kind == "decode" and r.joules is not None:  # every decode's energy, reference steps' too
             self.joules += r.joules
             self.energy_tokens += r.tokens

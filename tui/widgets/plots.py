@@ -72,9 +72,17 @@ class SpeedupPlot(_Chart):
         limit = max((a.limit for a in r.agents), default=2048)
         xs = [limit * i / 40 for i in range(41)]
         b = max(r.batch_cap, 1)
+        gain = stats.draft_gain or 0.0  # tokens an agent gained a step from kept drafts (measured), while drafting
+        top = b * (1 + gain)
         c = Chart(title=f"speedup vs context per agent, KV {r.kv_type}", x_range=(0.0, float(limit)),
-                  y_range=(0.0, b + 0.5), y_ticks=(0, b))
-        c.add(Series(formula_label(bm, b), xs, [bm.speedup(b, x, r.kv) for x in xs], "blue"))
+                  y_range=(0.0, top + 0.5), y_ticks=(0, b) if not gain else (0, b, round(top, 1)))
+        formula = [bm.speedup(b, x, r.kv) for x in xs]
+        c.add(Series(formula_label(bm, b), xs, formula, "blue"))
+        if gain:
+            # the same read a step, each agent's cells once, for 1 + gain tokens an agent: the formula times that
+            # (modeled; it leaves out the drafted rows' compute, which the measured points below carry)
+            c.add(Series(f"with speculation, x{1 + gain:.2f} kept (modeled)", xs, [y * (1 + gain) for y in formula],
+                         "magenta"))
         fit = Fit.from_record(r.fit) if r.fit else None
         if fit is not None:
             kv = r.kv  # the fit counts the KV tokens attention reads (fewer past a window)
@@ -92,6 +100,10 @@ class SpeedupPlot(_Chart):
         src = h.get("source", "")
         if pts:
             c.add(Series(f"{src}, B={b}", [p[0] for p in pts], [p[1] for p in pts], "orange1", kind="dots"))
+        spec = [p for p in stats.spec_points if p[2] == b]
+        if spec:
+            c.add(Series(f"{src}, drafts verified", [p[0] for p in spec], [p[1] for p in spec], "magenta",
+                         kind="dots"))
         if r.measured_speedup is not None:
             c.add(Series(f"now (B={r.batch})", [r.mean_context], [r.measured_speedup], "red", kind="marker"))
         self.chart = c
@@ -121,8 +133,10 @@ class BytesPlot(TextLines):
             self._title, self._bars, self._footer = NO_BYTES, [], ""
             self.redraw()
             return
-        per_token_w = r.weight_bytes / r.batch
-        per_token_private = bm.private_bytes_per_token(r.kv, r.mean_context)
+        # per token generated: a verify step's kept drafts share its weight read and each agent's own KV read
+        per_agent = r.tokens / r.batch if r.tokens > r.batch else 1.0
+        per_token_w = r.weight_bytes / r.batch / per_agent
+        per_token_private = bm.private_bytes_per_token(r.kv, r.mean_context) / per_agent
         private = "KV L·k private" if bm.is_dense else ("KV+state private" if bm.state_bytes else "KV K(L) private")
         cross = bm.crossover_context(r.batch, r.kv, r.distinct_experts
                                      if r.distinct_experts_source == "measured" else None)

@@ -41,6 +41,10 @@ def status_text(stats: Stats, mode: str, paused: bool, extra: str = "") -> Text:
         if stats.tuner_spent_s is not None and stats.tuner_spent_at_s > 0:
             share = stats.tuner_spent_s / stats.tuner_spent_at_s
             t.append(f" | tuner spent {stats.tuner_spent_s:.1f} s ({share:.1%})")
+    if stats.drafted:
+        gain = stats.draft_gain
+        t.append(f" | drafts kept {stats.accepted:,}/{stats.drafted:,} ({stats.accepted / stats.drafted:.0%})"
+                 + (f", +{gain:.2f} tok/agent-step" if gain is not None else ""), style="green")
     if stats.quality and r is not None:
         t.append(f" | quality vs f16 (measured): {stats.quality_text(r.kv_type)}", style="cyan")
     if extra:
