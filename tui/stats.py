@@ -73,8 +73,8 @@ class Stats:
             acc[1] += r.seconds
             self.batch_history.append((r.step, r.batch, r.batch_cap, waiting, at_tool))
             if r.measured_speedup is not None:
-                (self.spec_points if r.drafted else self.measured_points).append(
-                    (r.mean_context, r.measured_speedup, r.batch))
+                points = self.spec_points if r.drafted else self.measured_points
+                points.append((r.mean_context, r.measured_speedup, r.batch))
             if r.draft_setting != "0":
                 self.spec_recent.append((r.batch, r.drafted, r.accepted))
             self.drafted += r.drafted
