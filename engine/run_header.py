@@ -29,7 +29,7 @@ def run_header(b: Backend, s: EngineSettings, slots: int, overlap: bool, referen
         "settings": {**asdict(s), "kv": s.kv.label, **b.info.settings, "slots": slots, "overlap": overlap},
         "source": b.source,
         "reference": reference.as_dict(),
-        "power": {"source": meter.label, "detail": meter.reason},
+        "power": {"source": meter.label, "detail": meter.reason, "tried": getattr(meter, "tried", [])},
         "started_at": started_at,
         "run_id": run_id,  # step indexes restart with each run; a client resuming by index checks it
     }

@@ -12,7 +12,7 @@ class PowerPanel(Static):
         t = Text()
         t.append("power  ", style="bold")
         if r is None or r.watts is None:
-            t.append(f"n/a  {detail}")
+            t.append(detail or "n/a")
             self.update(t, layout=False)
             return
         t.append(f"{r.watts:,.1f} W ({r.power_source})")

@@ -57,8 +57,9 @@ class ModeledMeter:
 class NoMeter:
     label = None
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    def __init__(self, reason: str, tried: list[str] | None = None) -> None:
+        self.reason = reason  # one line, for a person: what the dashboard's power panel says
+        self.tried = tried or []  # each sensor tried and why it did not answer (`swarmtune power`, the header)
 
     def step(self, t0: float, t1: float, batch: int, seconds: float) -> None:
         return None
@@ -98,7 +99,8 @@ def make_meter(choice: str, profile: Profile | None = None, root: str | None = N
         return SampledMeter(sampler)
     if choice != "auto":
         raise UserError(f"power source {choice} is not available: {reasons[0].split(': ', 1)[1]}")
-    return NoMeter("n/a: " + "; ".join(reasons))
+    # the panel says it in a line; each sensor's own failure (an exception's text) is for `swarmtune power`
+    return NoMeter("n/a: no power sensor here (no NVIDIA, AMD or RAPL); `swarmtune power` says why", reasons)
 
 
 Meter = SampledMeter | ModeledMeter | NoMeter  # what an engine reads each step's power from
