@@ -294,10 +294,10 @@ BAD = [
     (b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages.0.role"),
     (b'{"messages": []}', "messages is empty"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', "max_tokens 5000 is past the"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', "However, you requested"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "n must be 1"),
     (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid UTF-8"),
-    (json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}).encode(), "an agent's context holds"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}).encode(), "This model's maximum context length is"),
 ]
 
 

@@ -27,6 +27,25 @@ from swarmtune.server.runner import EngineRunner
 AGENT_HEADER = "x-swarmtune-agent"  # pins a conversation to an agent, as a body's user field does
 
 
+def overflow_message(endpoint: str, prompt: int, ctx: int, limit: int | None = None, limit_param: str = "") -> str:
+    """A prompt (or a prompt and its limit) past an agent's context, in the words the API's own server uses,
+    which the agents parse to compact or shorten (docs/serving.md, a full context): Anthropic's for its
+    Messages, OpenAI's for the rest. The most a prompt holds is the context less one generated token and
+    its end."""
+    most = ctx - 2
+    if endpoint == "messages":
+        if limit is None:
+            return f"prompt is too long: {prompt} tokens > {most} maximum"
+        return (f"input length and `max_tokens` exceed context limit: {prompt} + {limit} > {most}, decrease input "
+                "length or `max_tokens` and try again")
+    if limit is None:
+        return (f"This model's maximum context length is {most} tokens. However, your messages resulted in {prompt} "
+                "tokens. Please reduce the length of the messages. (swarmtune: an agent's context, --ctx)")
+    return (f"This model's maximum context length is {most} tokens. However, you requested {prompt + limit} tokens "
+            f"({prompt} in the messages, {limit} in the completion: {limit_param}). Please reduce the length of the "
+            "messages or completion. (swarmtune: an agent's context, --ctx)")
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     """What a request's tools and output format make of its prompt, its sampling and its reply."""
@@ -139,12 +158,10 @@ class Bridge:
         if not prompt:
             raise BadRequest("the prompt is empty", prompt_param)
         if len(prompt) + 2 > ctx:
-            raise BadRequest(f"the prompt is {len(prompt)} tokens; an agent's context holds {ctx} (--ctx), "
-                             "one generated token included", prompt_param, code="context_length_exceeded")
+            raise BadRequest(overflow_message(endpoint, len(prompt), ctx), prompt_param, code="context_length_exceeded")
         room = ctx - 2 - len(prompt)
         if limit is not None and limit > room:
-            raise BadRequest(f"{limit_param} {limit} is past the context: the prompt is {len(prompt)} tokens and "
-                             f"an agent's context holds {ctx} (--ctx), so at most {room}", limit_param,
+            raise BadRequest(overflow_message(endpoint, len(prompt), ctx, limit, limit_param), limit_param,
                              code="context_length_exceeded")
         if grammar is not None and (why := self.backend.check_grammar(grammar)) is not None:
             raise BadRequest(f"the output cannot be constrained: {why}", "tools")
