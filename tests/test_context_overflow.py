@@ -34,7 +34,8 @@ def test_openai_context_length_exceeded(server):
         c.chat.completions.create(model="m", messages=LONG, max_tokens=8)
     e = err.value
     assert e.code == "context_length_exceeded" and e.param == "messages"
-    m = re.search(r"maximum context length is (\d+) tokens\. However, your messages resulted in (\d+) tokens", e.message)
+    m = re.search(r"maximum context length is (\d+) tokens\. However, your messages resulted in (\d+) tokens",
+                  e.message)
     assert m and int(m[1]) == CTX - 2 and int(m[2]) > CTX
     assert any(p.search(e.message) for p in OPENCODE)
     # a prompt that fits with a limit that does not: the completion's share said apart

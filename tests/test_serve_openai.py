@@ -297,7 +297,8 @@ BAD = [
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', "However, you requested"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "n must be 1"),
     (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid UTF-8"),
-    (json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}).encode(), "This model's maximum context length is"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}).encode(),
+     "This model's maximum context length is"),
 ]
 
 
