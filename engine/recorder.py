@@ -92,9 +92,9 @@ class Recorder:
             if (v is None or v.context != a.context or v.generated != a.generated or v.state != state
                     or v.tail != a.tail or v.turns != a.turns or v.residency != a.residency.value
                     or v.limit != a.limit or v.label != a.label or v.reused != a.reused_tokens or v.miss != a.miss
-                    or v.drafted != a.drafted):
+                    or v.drafted != a.drafted or v.pending != len(a.pending)):
                 v = kept[a.id] = AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail,
                                            a.residency.value, a.label, a.reused_tokens, a.miss, a.drafted,
-                                           a.accepted)
+                                           a.accepted, len(a.pending))
             out.append(v)
         return out

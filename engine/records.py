@@ -50,6 +50,7 @@ class AgentView:
     miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short ("" if it did not)
     drafted: int = 0  # speculation: tokens it drafted since the start (a verify step's rows past its own)
     accepted: int = 0  # of those, the tokens its draws agreed with
+    pending: int = 0  # tokens still to prefill (a prompt, a tool result): `context` of `context + pending` done
 
 
 def _plain(v: Any) -> Any:
@@ -219,6 +220,12 @@ class RequestRecord:
     # speculation (--draft): the tokens drafted in its steps, and of those the ones kept (in completion_tokens)
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    # its latency apart: an agent taking it to its first token (vLLM's request_prefill_time), and the gaps
+    # between its tokens, their mean and the longest (None: fewer than two tokens). queue_s + prefill_time_s is
+    # ttft_s; with itl_s times (completion_tokens - 1), e2e_s up to what came after its last token
+    prefill_time_s: float | None = None
+    itl_s: float | None = None
+    itl_max_s: float | None = None
     type: str = "request"
 
     def to_json(self) -> str:

@@ -238,3 +238,17 @@ async def test_speculation_shown_counted_and_curved():
         labels = [x.label for x in app.query_one(SpeedupPlot).chart.series]
         assert any(lb.startswith("with speculation") for lb in labels), labels
         assert any("drafts verified" in lb for lb in labels), labels
+
+
+def test_a_prompt_being_prefilled_shows_how_far_and_the_time_left():
+    from swarmtune.engine.records import AgentView
+    from swarmtune.tui.stats import Stats
+    from swarmtune.tui.widgets.agents import progress
+
+    s = Stats()
+    for _ in range(3):  # prefill steps of 256 tokens in 0.5 s: 512 tokens/s
+        s.prefills.append((256, 0.5))
+    a = AgentView(1, 1200, "prefilling", 16384, 0, 0, "", pending=15184)
+    assert s.prefill_tokens_per_s == 512
+    assert progress(a, s.prefill_tokens_per_s).plain == "⏳1,200/16,384 ~30 s │ "
+    assert progress(AgentView(2, 900, "decoding", 16384, 5, 1, ""), 512.0).plain == ""

@@ -373,7 +373,8 @@ def test_metrics_hold_the_request_histograms_and_the_kv_usage(server):
     for name in ("swarmtune_time_to_first_token_seconds_bucket", "swarmtune_inter_token_latency_seconds_bucket",
                  "swarmtune_request_queue_time_seconds_bucket", "swarmtune_e2e_request_latency_seconds_bucket",
                  "swarmtune_requests_total", "swarmtune_prompt_tokens_cached_total", "swarmtune_requests_running",
-                 "swarmtune_requests_waiting"):
+                 "swarmtune_requests_waiting", "swarmtune_request_prefill_time_seconds_bucket",
+                 "vllm:request_prefill_time_seconds_bucket"):
         assert name in text, name
     usage = [line for line in text.splitlines() if line.startswith("swarmtune_kv_cache_usage_ratio")]
     assert usage and 0.0 < float(usage[0].split()[-1]) <= 1.0

@@ -276,3 +276,22 @@ def test_the_tuner_forecasts_served_traffic_without_waiting_for_clients():
     runs = tuner.forecast(e, tuner.setting(e))  # every agent waits for its client now: the shadow's come back
     assert runs and all(r[-1].tokens > 0 for r in runs)
     assert time.perf_counter() - t0 < 10  # it never sleeps on a client that a shadow cannot have
+
+
+def test_a_requests_latency_parts_add_up_to_its_wall_time():
+    """queue + prefill time is its time to first token, and with its inter-token latency times the gaps, its
+    wall time within 5% (what is left: the step that sent its last token ending it). On the sim's paced
+    steps, so that the wall times are a device's."""
+    e, served = make(agents=2)
+    e.backend.paced = True  # type: ignore[attr-defined]
+    recs = []
+    served.on_finish = lambda req, rec: recs.append(rec)
+    prompts = [toks(e, f"Question {i}: " + "words of a prompt " * 40) for i in range(4)]  # two wait in the queue
+    done = [ask(e, served, p, max_tokens=24, seed=i)[1] for i, p in enumerate(prompts)]
+    run(e, lambda: all(c.done is not None for c in done))
+    assert len(recs) == 4 and any(r.queue_s > 0.05 for r in recs)
+    for r in recs:
+        assert r.ttft_s is not None and r.prefill_time_s is not None and r.itl_s is not None
+        assert r.queue_s + r.prefill_time_s == pytest.approx(r.ttft_s, abs=2e-6)
+        assert r.itl_max_s is not None and r.itl_max_s >= r.itl_s > 0
+        assert r.ttft_s + r.itl_s * (r.completion_tokens - 1) == pytest.approx(r.e2e_s, rel=0.05)

@@ -26,6 +26,7 @@ class Stats:
     spec_recent: deque = field(default_factory=lambda: deque(maxlen=64))
     drafted: int = 0
     accepted: int = 0
+    prefills: deque = field(default_factory=lambda: deque(maxlen=32))  # the latest prefill steps' (tokens, seconds)
     rate: RollingRate = field(default_factory=RollingRate)
     agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
     joules: float = 0.0
@@ -46,6 +47,12 @@ class Stats:
     _last_miss: dict = field(default_factory=dict)  # agent id -> the miss last listed
     agent_joules: dict = field(default_factory=dict)  # agent id -> joules since the dashboard began
     _generated_from: dict = field(default_factory=dict)  # agent id -> its generated count when first seen
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """The recent prefill steps' rate (measured, or the sim's modeled): what a prompt's time left is read at."""
+        seconds = sum(s for _, s in self.prefills)
+        return sum(t for t, _ in self.prefills) / seconds if seconds > 0 else None
 
     @property
     def draft_gain(self) -> float | None:
@@ -82,6 +89,8 @@ class Stats:
         if r.kind == "decode" and r.joules is not None:  # every decode's energy, reference steps' too
             self.joules += r.joules
             self.energy_tokens += r.tokens
+        if r.kind == "prefill" and r.seconds > 0:
+            self.prefills.append((r.tokens, r.seconds))
         if r.kind == "rebuild":
             self.rebuild_note = r.note
         if r.kind == "tune" and r.tune is not None:

@@ -154,6 +154,10 @@ def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecor
         e2e_s=round(end - req.arrival, 6), endpoint=req.endpoint, copied_tokens=req.copied_tokens,
         copied_from=req.copied_from, shifted_tokens=req.shifted_tokens,
     )
+    if req.first_token is not None and req.assigned is not None:
+        rec.prefill_time_s = round(req.first_token - req.assigned, 6)
+    if gaps := req.token_gaps_s:
+        rec.itl_s, rec.itl_max_s = round(sum(gaps) / len(gaps), 6), round(max(gaps), 6)
     if (end_at := req.drafts_end) is not None:
         rec.draft_tokens, rec.accepted_draft_tokens = end_at[0] - req.drafts_at[0], end_at[1] - req.drafts_at[1]
     if (m := req.miss) is not None:

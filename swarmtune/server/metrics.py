@@ -139,6 +139,8 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
                       buckets=REQUEST_BUCKETS_S)
     e2e = Histogram("swarmtune_e2e_request_latency_seconds", "arrival to the last token", registry=reg,
                     buckets=REQUEST_BUCKETS_S)
+    prefill_time = Histogram("swarmtune_request_prefill_time_seconds", "an agent taking it to its first token",
+                             registry=reg, buckets=REQUEST_BUCKETS_S)
     done = Counter("swarmtune_requests", "served requests that ended", ["finish_reason"], registry=reg)
     prompt = Counter("swarmtune_prompt_tokens", "prompt tokens of served requests", registry=reg)
     cached = Counter("swarmtune_prompt_tokens_cached", "prompt tokens whose cells were reused", registry=reg)
@@ -165,6 +167,8 @@ def observe_requests(reg: CollectorRegistry, served: ServedAgents) -> None:
             itl.observe(gap)
         queue.observe(rec.queue_s)
         e2e.observe(rec.e2e_s)
+        if rec.prefill_time_s is not None:
+            prefill_time.observe(rec.prefill_time_s)
         done.labels(rec.finish_reason).inc()
         prompt.inc(rec.prompt_tokens)
         cached.inc(rec.cached_tokens)

@@ -54,13 +54,15 @@ def mirror_vllm(reg: CollectorRegistry, runner: EngineRunner, served: ServedAgen
                     buckets=buckets["request"])
     queue = Histogram("vllm:request_queue_time_seconds", "arrival to an agent taking it", LABEL, registry=reg,
                       buckets=buckets["request"])
+    prefill_time = Histogram("vllm:request_prefill_time_seconds", "an agent taking it to its first token", LABEL,
+                             registry=reg, buckets=buckets["request"])
     prompt = Counter("vllm:prompt_tokens", "prompt tokens of served requests", LABEL, registry=reg)
     generated = Counter("vllm:generation_tokens", "tokens generated for served requests", LABEL, registry=reg)
     queries = Counter("vllm:prefix_cache_queries", "prompt tokens looked up in the cache", LABEL, registry=reg)
     hits = Counter("vllm:prefix_cache_hits", "prompt tokens whose cells were reused", LABEL, registry=reg)
     success = Counter("vllm:request_success", "served requests that ended", ["model_name", "finished_reason"],
                       registry=reg)
-    for m in (ttft, itl, e2e, queue, prompt, generated, queries, hits):
+    for m in (ttft, itl, e2e, queue, prefill_time, prompt, generated, queries, hits):
         m.labels(model)  # exported at 0 from the start, as vLLM's are: a node that served nothing yet is still seen
     before = served.on_finish
 
@@ -72,6 +74,8 @@ def mirror_vllm(reg: CollectorRegistry, runner: EngineRunner, served: ServedAgen
             itl.labels(model).observe(gap)
         e2e.labels(model).observe(rec.e2e_s)
         queue.labels(model).observe(rec.queue_s)
+        if rec.prefill_time_s is not None:
+            prefill_time.labels(model).observe(rec.prefill_time_s)
         prompt.labels(model).inc(rec.prompt_tokens)
         generated.labels(model).inc(rec.completion_tokens)
         queries.labels(model).inc(rec.prompt_tokens)

@@ -61,12 +61,22 @@ def served_label(label: str, reused: int | None) -> Text:
     return Text(f"{label[:16]}" + (f" ♻{tokens(reused)}" if reused else "") + " │ ", style="dim")
 
 
+def progress(a: AgentView, rate: float | None) -> Text:
+    """A prompt (or tool result) being prefilled: tokens in the cache of the whole, and the time left at the
+    recent prefill rate; nothing once it is in."""
+    if not a.pending or a.state != "prefilling":
+        return Text("")
+    left = f" ~{a.pending / rate:,.0f} s" if rate else ""
+    return Text(f"⏳{a.context:,}/{a.context + a.pending:,}{left} │ ", style="cyan")
+
+
 class AgentsTable(TextLines):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._agents: list[AgentView] = []
         self._rates: dict[int, float] = {}
         self._joules: dict[int, float | None] = {}
+        self._prefill_rate: float | None = None
 
     def show(self, stats: Stats) -> None:
         r = stats.latest
@@ -76,6 +86,7 @@ class AgentsTable(TextLines):
         self._agents = list(r.agents)
         self._rates = {a.id: stats.agent_tokens_per_second(a.id) for a in r.agents}
         self._joules = {a.id: stats.agent_joules_per_token(a.id, a.generated) for a in r.agents}
+        self._prefill_rate = stats.prefill_tokens_per_s
         if reflow:
             self.refresh(layout=True)
         self.redraw()
@@ -95,6 +106,7 @@ class AgentsTable(TextLines):
                 " ", cell(context_bar(a.context, a.limit), CONTEXT_W), " ", cell(f"{a.generated:,}", GEN_W, True),
                 " ", cell(f"{self._rates[a.id]:.1f}", RATE_W, True),
                 " ", cell(joules(self._joules[a.id]), JOULES_W, True),
-                " ", cell(acceptance(a) + served_label(a.label, a.reused) + a.tail.replace("\n", " ")[-40:], tail_w),
+                " ", cell(progress(a, self._prefill_rate) + acceptance(a) + served_label(a.label, a.reused)
+                          + a.tail.replace("\n", " ")[-40:], tail_w),
             ))
         return Text("\n").join(lines)
