@@ -1,17 +1,20 @@
-"""Speculation against none on the default model: the same swarm, the same prompts, greedy sampling, the
-same tokens generated on both sides, at live batch 1, 2, 4 and 8.
+"""Speculation against none on the default model, greedy, the same tokens generated on every side, at live
+batch 1, 2, 4 and 8, sides alternated over rounds, medians with min-max.
 
-Each side runs the engine (the synthetic swarm, no batch-1 reference steps, which would reorder its turns)
-until its agents have generated `--tokens` tokens each, and is timed on the wall from the first step to
-that one: prefill included, the same on both sides. Sides alternate, `--rounds` rounds, medians with
-min-max. It prints, per batch, tokens per second each side, the ratio (drafts over none), the drafted and
-accepted tokens, and whether each agent's first turn is the same tokens on both sides (greedy).
+- The synthetic swarm (the engine in-process, no batch-1 reference steps, which would reorder its turns): each
+  side runs until its agents generated `--tokens` tokens each, timed on the wall from the first step to that
+  one, prefill included; `--draft` lengths and auto against none; each agent's first turn compared.
+- The traces (bench/spec_traces.py: aider's whole-file edit, opencode), served: `swarmtune serve --clients`
+  without drafts, with `--draft auto`, and llama-server with its best n-gram speculation (each `--spec-type`
+  of the pinned llama.cpp tried in a first round, the best kept and named); each client's streams timed from
+  their first text byte to their last (the decode; time to first token printed apart); greedy texts compared.
 
-Not yet here (issue 52): the aider-like and opencode-like traces, and llama-server's n-gram speculation as a
-third side.
+Last lines: `speculation vs none: X (lo-hi)` (auto, batch 1, the edit trace), `vs llama-server spec: X
+(lo-hi)` (the same against llama-server's best), `worst vs none: X` over every condition.
 
-    python bench/speculation.py                       # batch 1 2 4 8, --draft 4, 8, auto (~14 min, 2 cores)
-    python bench/speculation.py --batches 1 --drafts 8 --rounds 3
+    python bench/speculation.py                                 # everything (about an hour on 2 cores)
+    python bench/speculation.py --workloads traces --traces edit --trace-batches 1
+    python bench/speculation.py --workloads synthetic --batches 1 --drafts 8 --rounds 3
 """
 
 import argparse
@@ -96,17 +99,8 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--drafts", nargs="+", default=["4", "8", "auto"], help="draft lengths, or auto")
-    ap.add_argument("--tokens", type=int, default=128, help="tokens each agent generates on every side")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    a = ap.parse_args()
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; default model, greedy, the synthetic swarm; "
-          f"{a.tokens} tokens an agent; rounds {a.rounds}, sides alternated; medians (min-max)")
-    worst: list[tuple[float, str]] = []
+def synthetic(a: argparse.Namespace, worst: list[tuple[float, str]]) -> None:
+    print(f"the synthetic swarm: {a.tokens} tokens an agent")
     for batch in a.batches:
         sides: dict[str, list[Side]] = {d: [] for d in ["0", *a.drafts]}
         order = ["0", *a.drafts]
@@ -122,10 +116,94 @@ def main() -> None:
             print(f"  --draft {d}: {spread([s.tokens_per_s for s in sides[d]])} tok/s, vs none {spread(ratios)}; "
                   f"accepted {acc:.0%} of {sum(s.drafted for s in sides[d]) // a.rounds} drafted a round; "
                   f"greedy first turns identical: {same}")
-            worst.append((statistics.median(ratios), f"batch {batch}, --draft {d}"))
-    best = max(worst)
+            worst.append((statistics.median(ratios), f"synthetic, batch {batch}, --draft {d}"))
+
+
+def traces(a: argparse.Namespace, worst: list[tuple[float, str]]) -> dict[str, list[float]]:
+    """Per the bar's condition (auto, batch 1, edit): its ratios against none and against llama-server."""
+    import spec_traces as st
+
+    model = str(default_model_path())
+    llama = None if a.no_llama_server else (a.llama_server or st_build())
+    bar: dict[str, list[float]] = {}
+    for name in a.traces:
+        for batch in a.trace_batches:
+            def side(which: str, name: str = name, batch: int = batch) -> st.Run:
+                return st.run_side(which, name, batch, a.trace_turns, a.max_tokens, a.ctx, a.threads, model, llama)
+
+            best = None
+            if llama is not None:  # the first round picks llama-server's best type on this trace and batch
+                tried = {}
+                for spec in st.LLAMA_SPEC_TYPES:
+                    try:
+                        tried[spec] = side(f"llama-server:{spec}").decode_tokens_per_s
+                    except (RuntimeError, SystemExit) as e:
+                        print(f"  llama-server --spec-type {spec}: did not run ({e})")
+                best = max(tried, key=lambda k: tried[k]) if tried else None
+                print(f"{name}, batch {batch}: llama-server's types " +
+                      ", ".join(f"{k} {v:.1f}" for k, v in tried.items()) + f" tok/s a stream; best {best}")
+            order = ["swarmtune-none", "swarmtune-auto"] + ([f"llama-server:{best}"] if best else [])
+            runs: dict[str, list[st.Run]] = {k: [] for k in order}
+            for r in range(a.rounds):
+                for k in (order if r % 2 == 0 else order[::-1]):
+                    runs[k].append(side(k))
+            none, auto = runs["swarmtune-none"], runs["swarmtune-auto"]
+            tokens = {k: v[0].tokens for k, v in runs.items()}
+            same = all(x.texts() == y.texts() for x, y in zip(auto, none, strict=True))
+            print(f"{name}, batch {batch}: tokens generated a round {tokens}; decode tok/s a stream, first text "
+                  f"byte to last; time to first token (median) apart")
+            for k, v in runs.items():
+                print(f"  {k}: {spread([x.decode_tokens_per_s for x in v])} tok/s, "
+                      f"ttft {statistics.median(x.ttft_s for x in v):.2f} s")
+            vs_none = [x.decode_tokens_per_s / y.decode_tokens_per_s for x, y in zip(auto, none, strict=True)]
+            print(f"  auto vs none {spread(vs_none)}; greedy texts identical: {same}")
+            worst.append((statistics.median(vs_none), f"{name}, batch {batch}, auto"))
+            if best:
+                vs_ll = [x.decode_tokens_per_s / y.decode_tokens_per_s
+                         for x, y in zip(auto, runs[f"llama-server:{best}"], strict=True)]
+                print(f"  auto vs llama-server {best} {spread(vs_ll)}")
+                if name == "edit" and batch == 1:
+                    bar["llama"] = vs_ll
+            if name == "edit" and batch == 1:
+                bar["none"] = vs_none
+    return bar
+
+
+def st_build() -> str:
+    from llama_tools import build_tool
+
+    return build_tool("llama-server")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["traces", "synthetic"], choices=["traces", "synthetic"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8], help="the synthetic swarm's")
+    ap.add_argument("--drafts", nargs="+", default=["4", "8", "auto"], help="draft lengths, or auto (synthetic)")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens each agent generates on every side (synthetic)")
+    ap.add_argument("--traces", nargs="+", default=list(("edit", "opencode")), choices=["edit", "opencode"])
+    ap.add_argument("--trace-batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--trace-turns", type=int, default=3, help="turns each client sends")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens each turn generates (ignore_eos)")
+    ap.add_argument("--ctx", type=int, default=4096, help="context per agent (per slot on llama-server)")
+    ap.add_argument("--llama-server", default=None, help="the binary (default: bench/build_llama_server.sh)")
+    ap.add_argument("--no-llama-server", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args()
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; default model, greedy; rounds {a.rounds}, sides "
+          f"alternated; medians (min-max)")
+    worst: list[tuple[float, str]] = []
+    bar: dict[str, list[float]] = {}
+    if "traces" in a.workloads:
+        bar = traces(a, worst)
+    if "synthetic" in a.workloads:
+        synthetic(a, worst)
+    if "none" in bar:
+        print(f"speculation vs none: {spread(bar['none'])}")
+    if "llama" in bar:
+        print(f"vs llama-server spec: {spread(bar['llama'])}")
     low = min(worst)
-    print(f"best vs none: {best[0]:.3f} ({best[1]})")
     print(f"worst vs none: {low[0]:.3f} ({low[1]})")
 
 
