@@ -326,7 +326,7 @@ def test_meter_choice(tmp_path):
     m = make_meter("auto", profile(SIM))
     assert isinstance(m, ModeledMeter) and m.watts_at(8) == 210
     m = make_meter("auto", None, root=str(tmp_path))
-    assert isinstance(m, NoMeter) and "rapl" in m.reason
+    assert isinstance(m, NoMeter) and "RAPL" in m.reason and any(t.startswith("rapl: ") for t in m.tried)
     with pytest.raises(UserError):
         make_meter("bogus")
     with pytest.raises(UserError):
