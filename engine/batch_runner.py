@@ -131,9 +131,7 @@ class BatchRunner:
     def _prefill(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
         a = plan.agents[0]
         try:
-            self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
-            n = min(plan.chunk, a.kept[0].at - a.context) if a.kept else plan.chunk  # up to the next kept chunk
-            n, note = self._within_stall(n, a, agents)
+            n, note = self._next_chunk(plan.chunk, a, agents)
             chunk, pos0 = a.pending[:n], a.context
             seconds = self.backend.prefill(a.seq, chunk, pos0)
             self.analysis.chunk_timed(self.s.kv, n, pos0, seconds)
@@ -142,11 +140,21 @@ class BatchRunner:
         except NoKVSlot:
             self.preempt(a)
             return Ran("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
+        self._chunk_served(a, step, seconds, agents)
+        return Ran("prefill", [a], seconds, len(chunk), preempted, note=note)
+
+    def _next_chunk(self, most: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
+        """How many of a's pending tokens the next chunk ingests (and the record's note where a bound cut it)."""
+        self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
+        n = min(most, a.kept[0].at - a.context) if a.kept else most  # up to the next kept chunk
+        return self._within_stall(n, a, agents)
+
+    def _chunk_served(self, a: Agent, step: int, seconds: float, agents: list[Agent]) -> None:
+        """A chunk of a's is in: where it was the last, a's first token is drawn from its last row."""
         a.served(step)
         if not a.pending:
             a.ready()
             self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
-        return Ran("prefill", [a], seconds, len(chunk), preempted, note=note)
 
     def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
         """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
@@ -224,9 +232,7 @@ class BatchRunner:
     def _mixed(self, batch: list[Agent], sent: list[int], a: Agent, chunk: int, preempted: list[int], step: int,
                agents: list[Agent]) -> Callable[[], Ran]:
         """A decode step that carries a's next prefill chunk in the same call (engine/mix_policy.py)."""
-        self._paste_due(a)
-        n = min(chunk, a.kept[0].at - a.context) if a.kept else chunk
-        n, note = self._within_stall(n, a, agents)
+        n, note = self._next_chunk(chunk, a, agents)
         pos0 = a.context
         landing = self.backend.launch_mixed([x.seq for x in batch], sent, [x.context for x in batch], a.seq,
                                             a.pending[:n], pos0)
@@ -239,10 +245,7 @@ class BatchRunner:
                 self.sampled(x, tok, seconds, agents)
             a.prefilled(n)
             self._paste_due(a)
-            a.served(step)
-            if not a.pending:
-                a.ready()
-                self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
+            self._chunk_served(a, step, seconds, agents)
             return Ran("decode", batch, seconds, len(batch), preempted, note=note, prefill_tokens=n)
         return landed
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 
 from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.measure.chunk_fit import ChunkTimes
+from swarmtune.engine.measure.chunk_fit import ChunkFit, ChunkTimes
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import StepPower
 from swarmtune.engine.measure.speedup import BatchOneReference
@@ -63,17 +63,19 @@ class StepAnalysis:
     def chunk_timed(self, kv: KVSetting, tokens: int, pos0: int, seconds: float) -> None:
         self.chunks.setdefault(kv, ChunkTimes()).add(tokens, pos0, seconds)
 
-    def chunk_within(self, kv: KVSetting, seconds: float, pos0: int, most: int) -> int | None:
-        """The longest prefill chunk from pos0 (at most `most`) the measured chunks say takes at most `seconds`;
-        None before enough chunks ran at this KV setting to say."""
+    def chunk_fit(self, kv: KVSetting) -> ChunkFit | None:
+        """What a prefill chunk costs at its size, from the chunks timed at this KV setting; None before enough ran."""
         c = self.chunks.get(kv)
-        fit = c.fit if c is not None else None
+        return c.fit if c is not None else None
+
+    def chunk_within(self, kv: KVSetting, seconds: float, pos0: int, most: int) -> int | None:
+        """The longest prefill chunk from pos0 (at most `most`) the fit says takes at most `seconds`; None: no fit."""
+        fit = self.chunk_fit(kv)
         return fit.tokens_within(seconds, pos0, most) if fit is not None else None
 
     def chunk_seconds(self, kv: KVSetting, tokens: int, pos0: int) -> float | None:
-        """What a prefill chunk of `tokens` from pos0 takes as its own call, by the chunks timed; None before."""
-        c = self.chunks.get(kv)
-        fit = c.fit if c is not None else None
+        """What a prefill chunk of `tokens` from pos0 takes as its own call, by the fit; None: no fit."""
+        fit = self.chunk_fit(kv)
         return fit.seconds(tokens, pos0) if fit is not None else None
 
     def calibration(self, kv: KVSetting) -> Calibration:
