@@ -92,9 +92,10 @@ class Recorder:
             if (v is None or v.context != a.context or v.generated != a.generated or v.state != state
                     or v.tail != a.tail or v.turns != a.turns or v.residency != a.residency.value
                     or v.limit != a.limit or v.label != a.label or v.reused != a.reused_tokens or v.miss != a.miss
-                    or v.drafted != a.drafted or v.pending != len(a.pending)):
+                    or v.drafted != a.drafted or v.pending != len(a.pending) or v.ttft_s != a.ttft_s
+                    or v.queue_s != a.queue_s):
                 v = kept[a.id] = AgentView(a.id, a.context, state, a.limit, a.generated, a.turns, a.tail,
                                            a.residency.value, a.label, a.reused_tokens, a.miss, a.drafted,
-                                           a.accepted, len(a.pending))
+                                           a.accepted, len(a.pending), a.queue_s, a.ttft_s)
             out.append(v)
         return out

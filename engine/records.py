@@ -51,6 +51,10 @@ class AgentView:
     drafted: int = 0  # speculation: tokens it drafted since the start (a verify step's rows past its own)
     accepted: int = 0  # of those, the tokens its draws agreed with
     pending: int = 0  # tokens still to prefill (a prompt, a tool result): `context` of `context + pending` done
+    # a served agent's request: its wait in the queue, and arrival to its first token once one came (None: none
+    # yet, or not served), measured, seconds
+    queue_s: float | None = None
+    ttft_s: float | None = None
 
 
 def _plain(v: Any) -> Any:
@@ -91,6 +95,23 @@ class Move:
     seconds: float
     source: str  # measured, or modeled (the sim: bytes over the profile's host link)
     cells: int = 0  # paste: the cells its sequence held after it (a paste saves and sets them all)
+
+
+@dataclass(frozen=True)
+class RequestLatency:
+    """A served request that ended, its latency apart (measured, seconds; RequestRecord's fields of the same
+    names): arrival to an agent taking it (queue_s), then to its first token (prefill_time_s; ttft_s the two
+    together), the mean and longest gap between its tokens, arrival to its end."""
+
+    id: str
+    agent: int
+    queue_s: float
+    prefill_time_s: float | None
+    ttft_s: float | None
+    itl_s: float | None
+    itl_max_s: float | None
+    e2e_s: float
+    completion_tokens: int
 
 
 @dataclass
@@ -156,6 +177,9 @@ class StepRecord:
     prefill_tokens: int = 0
     # the speculation setting in force (--draft): the most tokens an agent drafts, or "auto"; "0": off
     draft_setting: str = "0"
+    # served requests that ended in this step, their latency apart (the request records, written beside the
+    # steps, hold the whole account): what the dashboard's percentiles fold, wherever it reads the steps from
+    ended: list[RequestLatency] = field(default_factory=list)
     type: str = "step"
 
     @property
@@ -175,6 +199,8 @@ class StepRecord:
         views = self.agents if agents is None else agents
         d["agents"] = orjson.Fragment(b"[" + b",".join([view_json(v) for v in views]) + b"]")
         d["tune"] = None if self.tune is None else self.tune.to_json()
+        if not self.ended:
+            del d["ended"]  # most steps end no request: a line costs what changed
         if gone:
             d["agents_gone"] = gone
         return dumps(d)
@@ -241,6 +267,7 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
     d.pop("agents_gone", None)
     d["agents"] = [AgentView(**a) for a in d.get("agents", [])]
     d["moved"] = [Move(**m) for m in d.get("moved", [])]
+    d["ended"] = [RequestLatency(**q) for q in d.get("ended", [])]
     if d.get("tune") is not None:
         d["tune"] = event_from_json(d["tune"])
     known_kv(str(d.get("kv_type", "")))  # a setting this version cannot read is a bad line, said where it is

@@ -95,6 +95,8 @@ def test_a_step_line_reads_back_as_what_asdict_held(sim_engine):
         r.moved.append(Move(agent=0, op="swap_out", bytes=1024, seconds=0.001, source="modeled", cells=3))
         old = asdict(r)
         old["tune"] = None if r.tune is None else r.tune.to_json()
+        if not r.ended:
+            del old["ended"]  # left out where no request ended: it reads back as the empty list
         assert json.loads(r.to_json()) == json.loads(json.dumps(old))
         seen += bool(r.agents)
     assert seen > 100

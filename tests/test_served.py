@@ -1,6 +1,8 @@
 """Served agents without HTTP: requests handed to the engine's source directly, on the sim backend
 (fast) — which agent a conversation lands on, what its cache keeps, what a client sees of its text."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -295,3 +297,31 @@ def test_a_requests_latency_parts_add_up_to_its_wall_time():
         assert r.queue_s + r.prefill_time_s == pytest.approx(r.ttft_s, abs=2e-6)
         assert r.itl_max_s is not None and r.itl_max_s >= r.itl_s > 0
         assert r.ttft_s + r.itl_s * (r.completion_tokens - 1) == pytest.approx(r.e2e_s, rel=0.05)
+
+
+def test_the_steps_carry_each_ended_requests_latency_and_each_agents_live_wait():
+    """What the dashboard folds reaches it with the steps: the requests that ended in a step, the figures of
+    their records, and each serving agent's queue wait and first token while its request runs."""
+    from swarmtune.engine.records import step_from_dict
+
+    e, served = make(agents=2)
+    recs, ended, views = [], [], []
+    served.on_finish = lambda req, rec: recs.append(rec)
+    prompts = [toks(e, f"Question {i}: " + "words of a prompt " * 40) for i in range(4)]  # two wait in the queue
+    done = [ask(e, served, p, max_tokens=12, seed=i)[1] for i, p in enumerate(prompts)]
+    for _ in range(2000):
+        if all(c.done is not None for c in done):
+            break
+        r = e.step()
+        r = step_from_dict(json.loads(r.to_json()))  # as a recording or the API hands it on
+        ended += r.ended
+        views += [a for a in r.agents if a.queue_s is not None]
+    by_id = {r.id: r for r in recs}
+    assert sorted(q.id for q in ended) == sorted(by_id)
+    for q in ended:
+        r = by_id[q.id]
+        assert (q.agent, q.queue_s, q.prefill_time_s, q.ttft_s, q.itl_s, q.itl_max_s, q.e2e_s,
+                q.completion_tokens) == (r.agent, r.queue_s, r.prefill_time_s, r.ttft_s, r.itl_s, r.itl_max_s,
+                                         r.e2e_s, r.completion_tokens)
+    assert {v.queue_s for v in views} >= {r.queue_s for r in recs}  # each request's wait, on its agent's row
+    assert {v.ttft_s for v in views if v.ttft_s is not None} == {r.ttft_s for r in recs}

@@ -55,6 +55,8 @@ class Agent:
     label: str = ""  # a served agent: its conversation's key
     reused_tokens: int | None = None  # a served agent: of its last prompt, the tokens whose cells were reused
     miss: str = ""  # a served agent: why its last prompt prefilled what it had held, in short
+    queue_s: float | None = None  # a served agent: its request's wait in the queue (measured, seconds)
+    ttft_s: float | None = None  # and arrival to its first token, once one came
     kept: list[KeptChunk] = field(default_factory=list)  # cut from its cells, put back as its prefill reaches them
     # every change of what it knows (history + pending) other than tokens added at its end, and of the last
     # few, how many of the tokens it knew each left in place: a prefix index (engine/agents/prefix_index.py)

@@ -35,7 +35,7 @@ from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
 from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.measure.energy_share import joules_by_agent
-from swarmtune.engine.records import RequestRecord, StepRecord
+from swarmtune.engine.records import RequestLatency, RequestRecord, StepRecord
 
 # a waiting conversation is expected back within this many of its usual gaps (plus a grace for a client's
 # own work); past that the worth of its cells fades, as a finished conversation's should
@@ -165,6 +165,24 @@ def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecor
     return rec
 
 
+def least_worth(free: list[Agent], own_tokens: dict[int, int], typical_s: float | None, gap_s: dict[int, float],
+                replied_at: dict[int, float], last_used: dict[int, float]) -> Agent:
+    """The waiting conversation whose cells are worth least: its own cells (what no copy of another agent's
+    could give back: a sub-agent's are mostly its parent's prompt), discounted once it has waited well past
+    the gap after which it usually comes back (a finished conversation fades). The least recently used breaks
+    ties: with nothing learnt yet, the rule is LRU."""
+    now = time.perf_counter()
+
+    def value(a: Agent) -> tuple[float, float, int]:
+        gap = gap_s.get(a.id, typical_s)
+        waited = now - replied_at.get(a.id, last_used.get(a.id, now))
+        patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
+        likely = 1.0 if patience is None or waited <= patience else patience / waited
+        return own_tokens[a.id] * likely, last_used.get(a.id, 0.0), a.id
+
+    return min(free, key=value)
+
+
 class ServedAgents:
     def __init__(self, backend: Backend, max_queue: int = 64, copy_prefix: bool = True,
                  on_finish: Callable[[ServedRequest, RequestRecord], None] | None = None,
@@ -269,6 +287,8 @@ class ServedAgents:
         if req.cancelled:
             return False  # end_turn closes it
         req.took(token, time.perf_counter())
+        if req.completion_tokens == 1 and req.first_token is not None:
+            agent.ttft_s = round(req.first_token - req.arrival, 6)
         text = req.text.feed(self.backend.token_bytes(token))
         if text:
             req.emit(Delta(text))
@@ -368,23 +388,8 @@ class ServedAgents:
         return victim, False, p
 
     def _victim(self, free: list[Agent]) -> Agent:
-        """The waiting conversation whose cells are worth least: its own cells (what no copy of another
-        agent's could give back: a sub-agent's are mostly its parent's prompt), discounted once it has
-        waited well past the gap after which it usually comes back (a finished conversation fades). The
-        least recently used breaks ties: with nothing learnt yet, the rule is LRU."""
-        now = time.perf_counter()
-        typical = self.watch.typical_wait_s()
-        own_tokens = self.reuse.own_tokens(free, self._agents)
-
-        def value(a: Agent) -> tuple[float, float, int]:
-            own = own_tokens[a.id]
-            gap = self._gap_s.get(a.id, typical)
-            waited = now - self._replied_at.get(a.id, self._last_used.get(a.id, now))
-            patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
-            likely = 1.0 if patience is None or waited <= patience else patience / waited
-            return own * likely, self._last_used.get(a.id, 0.0), a.id
-
-        return min(free, key=value)
+        return least_worth(free, self.reuse.own_tokens(free, self._agents), self.watch.typical_wait_s(), self._gap_s,
+                           self._replied_at, self._last_used)
 
     def _assign(self, a: Agent, continues: bool, req: ServedRequest, p: PromptHashes | None) -> None:
         gone = (known(a), a.label) if not continues and known(a) else None
@@ -409,6 +414,7 @@ class ServedAgents:
         req.cached_tokens += req.shifted_tokens
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
         req.agent, req.assigned, req.drafts_at = a.id, time.perf_counter(), (a.drafted, a.accepted)
+        a.queue_s, a.ttft_s = round(req.assigned - req.arrival, 6), None
         self._active[a.id] = req
         self._last_used[a.id] = req.assigned
         if req.key is not None:
@@ -465,6 +471,8 @@ class ServedAgents:
             with self._lock:
                 self._records.append(rec)
             self.on_finish(req, rec)
+            step.ended.append(RequestLatency(rec.id, rec.agent, rec.queue_s, rec.prefill_time_s, rec.ttft_s, rec.itl_s,
+                                             rec.itl_max_s, rec.e2e_s, rec.completion_tokens))
 
 
 def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
