@@ -252,3 +252,52 @@ def test_a_prompt_being_prefilled_shows_how_far_and_the_time_left():
     assert s.prefill_tokens_per_s == 512
     assert progress(a, s.prefill_tokens_per_s).plain == "⏳1,200/16,384 ~30 s │ "
     assert progress(AgentView(2, 900, "decoding", 16384, 5, 1, ""), 512.0).plain == ""
+
+
+def _step(t: float, views: list, kind: str = "decode", note: str = "", ended: list | None = None):
+    from swarmtune.engine.records import StepRecord
+
+    return StepRecord(step=int(t * 100), t=t, kind=kind, batch=len(views), batch_ids=[v.id for v in views],
+                      batch_cap=8, kv_type="f16", agents=views, weight_bytes=0, kv_bytes=0.0, seconds=0.0,
+                      tokens=0, source="simulated", note=note, ended=ended or [])
+
+
+def test_inter_token_gaps_are_per_token_and_a_turns_first_token_has_none():
+    from swarmtune.engine.records import AgentView
+    from swarmtune.tui.latency import Latencies, percentile
+
+    lat = Latencies()
+    v = lambda gen, turns, state="decoding": AgentView(0, 100 + gen, state, 4096, gen, turns, "")  # noqa: E731
+    lat.add(_step(1.0, [v(1, 0, "prefilling")]))  # the turn's first token: no gap before it
+    lat.add(_step(1.1, [v(2, 0)]))  # 100 ms
+    lat.add(_step(1.2, [v(2, 0)]))  # no token for it (a prefill held it back)
+    lat.add(_step(1.5, [v(4, 0)]))  # two tokens (a kept draft) 400 ms after its last: two gaps of 200
+    lat.add(_step(1.6, [v(5, 1, "tool")]))  # its turn's last token: a gap of 100, the turn ends at it
+    lat.add(_step(9.0, [v(6, 1, "prefilling")]))  # the next turn's first token, after the tool: none
+    lat.add(_step(9.05, [v(7, 1)]))  # 50 ms
+    assert [round(g, 6) for g in lat.gaps_s] == [0.1, 0.2, 0.2, 0.1, 0.05]
+    assert lat.agent_itl_s(0) == pytest.approx(0.13)
+    assert percentile([3, 1, 2, 4], 50) == 2 and percentile([3, 1, 2, 4], 99) == 4 and percentile([], 50) is None
+    assert [round(g, 6) for g in lat.gap_percentiles()] == [0.1, 0.2, 0.2]
+
+
+def test_the_latency_panel_shows_the_swarms_percentiles_and_a_held_prefill():
+    from swarmtune.engine.records import AgentView, RequestLatency
+    from swarmtune.tui.stats import Stats
+    from swarmtune.tui.widgets.agents import waited
+    from swarmtune.tui.widgets.latency import latency_text
+
+    s = Stats()
+    done = [RequestLatency(f"r{i}", 0, 0.01 * i, 0.25, 0.25 + 0.01 * i, 0.05, 0.09, 1.0, 16) for i in range(1, 101)]
+    s.add(_step(1.0, [AgentView(0, 10, "decoding", 4096, 1, 0, "", queue_s=0.5)], ended=done))
+    s.add(_step(1.04, [AgentView(0, 11, "decoding", 4096, 2, 0, "", queue_s=0.5, ttft_s=0.7)]))
+    s.add(_step(1.5, [AgentView(0, 11, "decoding", 4096, 2, 0, "", queue_s=0.5, ttft_s=0.7)], kind="prefill",
+                note="stall bound: 48 of 2000 tokens"))
+    shown = latency_text(s)
+    assert shown is not None
+    text = shown.plain
+    assert "inter-token 40 ms / 40 ms / 40 ms" in text
+    assert "queue 500 ms / 950 ms / 990 ms" in text and "prefill 250 ms / 250 ms / 250 ms" in text
+    assert "TTFT 750 ms / 1.2 s / 1.2 s" in text
+    assert "stall bound: 48 of 2000 tokens a step" in text
+    assert waited(s.latest.agents[0], s.latency.agent_itl_s(0)).plain == "q 500ms ttft 700ms itl 40ms │ "

@@ -23,6 +23,7 @@ from swarmtune.tui.kv_picker import KVPicker
 from swarmtune.tui.messages import EngineFailed, EngineProgress, Seeked, StepsArrived
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.agents import AgentsTable
+from swarmtune.tui.widgets.latency import LatencyPanel
 from swarmtune.tui.widgets.misses import MissesPanel
 from swarmtune.tui.widgets.plots import BatchPlot, BytesPlot, SpeedupPlot
 from swarmtune.tui.widgets.power import PowerPanel
@@ -38,8 +39,8 @@ EAGER_S = 1.0  # after a control, records reach the UI one by one for this long:
 # small CPU the UI thread's time is taken from the engine's decode (bench/dashboard_overhead.py: at twice
 # a second the UI thread took 3% of a core and the decode 3-7% on a 2-core EPYC); a key's effect and a
 # new setting repaint the status line at once whatever its interval.
-PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 1.0, AgentsTable: 1.0, MissesPanel: 1.0, PowerPanel: 1.0,
-                                       BatchPlot: 1.0, BytesPlot: 2.0, SpeedupPlot: 2.0}
+PANEL_INTERVAL_S: dict[type, float] = {StatusLine: 1.0, AgentsTable: 1.0, LatencyPanel: 1.0, MissesPanel: 1.0,
+                                       PowerPanel: 1.0, BatchPlot: 1.0, BytesPlot: 2.0, SpeedupPlot: 2.0}
 LIVE_HELP = (
     "k cycle KV (f16 -> q8_0 -> q4_0) | K pick a KV type | : type a command (kv TYPE or K/V, cap N, agents N, "
     "residency keep|swap|drop, autotune on|off, draft N|auto) | +/- batch cap | a/x add/remove agent | "
@@ -113,6 +114,7 @@ class SwarmApp(App):
         with Horizontal(id="top"):
             with VerticalScroll(id="agents-box"):
                 yield AgentsTable(id="agents")
+                yield LatencyPanel(id="latency")
                 yield MissesPanel(id="misses")
             with Vertical(id="right"):
                 yield BatchPlot(id="batch")
@@ -270,7 +272,7 @@ class SwarmApp(App):
             self._main(StatusLine).show(s, self.mode, self.source.paused, extra)
             if s.latest is not None:
                 self._shown_setting = (s.latest.kv_type, s.latest.batch_cap, len(s.latest.agents))
-        for panel in (AgentsTable, MissesPanel, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
+        for panel in (AgentsTable, LatencyPanel, MissesPanel, BatchPlot, SpeedupPlot, BytesPlot, PowerPanel):
             # Plots cost the most to render; on a small CPU that time is taken from the engine's thread
             # (each ctypes call must win the GIL back), so they repaint less often than the numbers.
             if not self._due(panel, now):

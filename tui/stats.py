@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.records import StepRecord
+from swarmtune.tui.latency import Latencies
 
 HISTORY = 240
 MISSES_KEPT = 5  # the misses panel's rows
@@ -28,6 +29,7 @@ class Stats:
     accepted: int = 0
     prefills: deque = field(default_factory=lambda: deque(maxlen=32))  # the latest prefill steps' (tokens, seconds)
     rate: RollingRate = field(default_factory=RollingRate)
+    latency: Latencies = field(default_factory=Latencies)  # inter-token gaps, ended requests, the stall bound
     agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
     joules: float = 0.0
     energy_tokens: int = 0
@@ -71,6 +73,7 @@ class Stats:
         self.steps += 1
         t = r.t
         self.rate.add(r)
+        self.latency.add(r)
         waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
         at_tool = sum(1 for a in r.agents if a.state in ("tool", "client"))
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is
