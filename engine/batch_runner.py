@@ -16,7 +16,7 @@ from swarmtune.engine.mix_policy import MixPolicy
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
 from swarmtune.engine.scheduler import Plan
-from swarmtune.engine.settings import EngineSettings
+from swarmtune.engine.settings import STALL_DECODE_STEPS, EngineSettings
 from swarmtune.engine.spec.drafts import Drafts
 
 MIN_CHUNK_TOKENS = 16  # a prefill under a stall bound still moves, even where one call costs more than the bound
@@ -54,6 +54,7 @@ class BatchRunner:
         self.parking = parking
         self.since_reference = 0  # decode steps since the last batch-1 reference step
         self.probes = 0  # chunks cut to a stall bound before the chunk fit could size them
+        self.decode_s: float | None = None  # the swarm's decode steps, measured (a moving mean): --max-stall-ms auto
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
         self.mix = MixPolicy(backend, settings, analysis)
         self.drafts.room = settings.draft_tokens  # the engine asked the backend for it before the first context
@@ -159,14 +160,19 @@ class BatchRunner:
     def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
         """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
         say fits in it, never under MIN_CHUNK_TOKENS), and the record's note when it was cut."""
-        bound = self.s.max_stall_s
+        bound = self.s.max_stall_s if not self.s.stall_auto else \
+            (None if self.decode_s is None else STALL_DECODE_STEPS * self.decode_s)
         if bound is None or not any(x.state is AgentState.DECODE for x in agents):
             return n, ""
         fits = self.analysis.chunk_within(self.s.kv, bound, a.context, n)
         # before a fit: small chunks of three sizes, so the fit can tell a call's cost from a token's
         cut = min(n, PROBE_CHUNK_TOKENS[self.probes % 3] if fits is None else max(fits, MIN_CHUNK_TOKENS))
         self.probes += fits is None
-        return cut, (f"stall bound: {cut} of {n} tokens" if cut < n else "")
+        return cut, (f"stall bound {bound * 1000:.0f} ms: {cut} of {n} tokens" if cut < n else "")
+
+    def _decode_timed(self, seconds: float) -> None:
+        """A decode step of the swarm's (drafts verified or not, no prefill in it) took this long."""
+        self.decode_s = seconds if self.decode_s is None else self.decode_s + 0.2 * (seconds - self.decode_s)
 
     def _paste_due(self, a: Agent) -> None:
         """Kept chunks of its old cells whose place its prefill has reached go back
@@ -223,6 +229,8 @@ class BatchRunner:
         def landed() -> Ran:
             out, seconds = landing()
             self.drafts.observed(len(batch), seconds, 0)
+            if not note:  # a batch-1 reference step is not the swarm's
+                self._decode_timed(seconds)
             for a, fed, tok in zip(batch, sent, out, strict=True):
                 a.decoded(fed, step)
                 self.sampled(a, tok, seconds, agents)
@@ -259,6 +267,7 @@ class BatchRunner:
         def landed() -> Ran:
             kept, seconds = landing()
             self.drafts.observed(len(batch), seconds, sum(len(d) for d in drafts))
+            self._decode_timed(seconds)
             accepted = 0
             for a, fed, d, k, ctx0 in zip(batch, sent, drafts, kept, before, strict=True):
                 a.decoded(fed, step)

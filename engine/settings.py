@@ -67,6 +67,13 @@ class DraftSetting:
         return "auto" if self.auto else str(self.tokens)
 
 
+# --max-stall-ms auto: a prefill chunk between two decode steps takes at most this many of the swarm's measured
+# decode steps, so a decoding agent's gap stays within 1 + STALL_DECODE_STEPS steps while the newcomer's prefill
+# pays at most one decode step in STALL_DECODE_STEPS (about 1/8 more time to its first token) for it. In steps,
+# not milliseconds, so the same rule holds on a 40 ms CPU step and a 10 ms GPU one.
+STALL_DECODE_STEPS = 8
+
+
 def check_max_stall(seconds: float | None) -> float | None:
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise UserError(f"--max-stall-ms must be a number above 0 (got {seconds * 1000:g})", field="max_stall_s")
@@ -136,8 +143,10 @@ class EngineSettings:
     draft_tokens: int = 0
     draft_auto: bool = False  # each agent's length up to draft_tokens, from what was measured (engine/spec/)
     # while agents decode, a prefill chunk is cut to what the run's measured chunk times say takes at most this
-    # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens
+    # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens.
+    # stall_auto: the bound is STALL_DECODE_STEPS of the swarm's measured decode steps (max_stall_s unused)
     max_stall_s: float | None = None
+    stall_auto: bool = False
     # a decode step carries the next prefill chunk in the same call: True, False, or None: where the measured
     # seconds say it pays, on a device; two calls on the CPU (engine/mix_policy.py)
     mix: bool | None = None

@@ -98,7 +98,8 @@ def engine_settings(args: argparse.Namespace, backend):
         tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
         swap_limit_bytes=args.swap_limit_mb * 1e6 if args.swap_limit_mb is not None else None,
         draft_tokens=getattr(args, "draft", (0, False))[0], draft_auto=getattr(args, "draft", (0, False))[1],
-        max_stall_s=args.max_stall_ms / 1000 if getattr(args, "max_stall_ms", None) is not None else None,
+        max_stall_s=stall / 1000 if isinstance(stall := getattr(args, "max_stall_ms", None), float) else None,
+        stall_auto=stall == "auto",
         mix={"on": True, "off": False}.get(getattr(args, "mix", "auto")),
     )
 

@@ -11,7 +11,7 @@ import swarmtune
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting, parse_kv_list
-from swarmtune.engine.settings import AUTO_DRAFT_TOKENS
+from swarmtune.engine.settings import AUTO_DRAFT_TOKENS, STALL_DECODE_STEPS
 
 EXIT_BAD_INPUT = 2
 
@@ -80,6 +80,19 @@ def _at_least_zero(name: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{name} must be 0 (off) or more (got {n})")
         return n
     return parse
+
+
+def _stall(text: str) -> float | str | None:
+    """--max-stall-ms MS, auto or off: the bound in milliseconds, "auto", or None."""
+    if text in ("auto", "off"):
+        return "auto" if text == "auto" else None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"--max-stall-ms must be a number above 0, auto or off (got {text!r})")
+    return v
 
 
 def _finite(name: str) -> Callable[[str], float]:
@@ -171,9 +184,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
                         "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off). "
                         f"auto: up to {AUTO_DRAFT_TOKENS}, each agent's length where measured step times say it pays")
-    g.add_argument("--max-stall-ms", type=_finite("--max-stall-ms"), default=None, metavar="MS",
+    g.add_argument("--max-stall-ms", type=_stall, default=None, metavar="MS|auto|off",
                    help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
-                        "MS, so no decoding agent waits longer between tokens for it (default: whole chunks)")
+                        "MS, so no decoding agent waits longer between tokens for it; auto: "
+                        f"{STALL_DECODE_STEPS} of the swarm's measured decode steps (default: off, whole chunks)")
     g.add_argument("--mix", choices=("auto", "on", "off"), default="auto",
                    help="a decode step carries the next prefill chunk in the same call (on), never (off), or where "
                         "the measured step times say it pays, on a device; two calls on the CPU (auto)")

@@ -29,8 +29,9 @@ def _check(out, needle, tmp_path):
         (["--sim", SIM, "--kv-budget-mb", "nan"], "--kv-budget-mb must be a number"),
         (["--sim", SIM, "--duration", "inf"], "--duration must be a number"),
         (["--sim", SIM, "--model", "x.gguf"], "not both"),
-        (["--sim", SIM, "--max-stall-ms", "0"], "--max-stall-ms must be a number above 0 (got 0)"),
-        (["--sim", SIM, "--max-stall-ms", "soon"], "--max-stall-ms must be a number"),
+        (["--sim", SIM, "--max-stall-ms", "0"], "--max-stall-ms must be a number above 0, auto or off (got '0')"),
+        (["--sim", SIM, "--max-stall-ms", "soon"], "--max-stall-ms must be a number above 0, auto or off"),
+        (["--sim", SIM, "--max-stall-ms", "nan"], "--max-stall-ms must be a number above 0, auto or off"),
     ],
 )
 def test_bad_engine_flags(tmp_path, args, needle):

@@ -45,8 +45,9 @@ def test_the_chunk_within_a_bound_is_the_longest_that_fits(c, a, b, pos0, bound,
         assert fit.seconds(n + 1, pos0) > bound * (1 - 1e-9)
 
 
-def run(bound: float | None, steps: int = 500) -> tuple[Engine, list]:
-    e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=8, ctx_per_agent=4096, max_stall_s=bound, check=True))
+def run(bound: float | None, steps: int = 500, auto: bool = False) -> tuple[Engine, list]:
+    e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=8, ctx_per_agent=4096, max_stall_s=bound, check=True,
+                                                        stall_auto=auto))
     return e, [e.step() for _ in range(steps)]
 
 
@@ -66,6 +67,23 @@ def test_a_stall_bound_cuts_the_chunks_that_run_between_decode_steps():
     assert longest == int(0.05 * profile(SIM).prefill_tokens_per_s)
     assert all(r.tokens == longest for r in cut if r.step > 20)
     assert all(a.context > 0 for a in e.agents) and sum(r.tokens for r in bound if r.kind == "decode") > 1000
+
+
+def test_the_auto_bound_is_a_few_of_the_swarms_measured_decode_steps():
+    """--max-stall-ms auto: no chunk between two decode steps runs past STALL_DECODE_STEPS of the decode steps
+    measured so far, and the record says the bound it held."""
+    from swarmtune.engine.settings import STALL_DECODE_STEPS
+
+    e, steps = run(None, steps=800, auto=True)
+    cut = [r for r in steps if r.note.startswith("stall bound")]
+    assert cut and all(r.note.endswith(" tokens") and " ms: " in r.note for r in cut)
+    longest_decode = 0.0
+    for r in steps:
+        if r.kind == "decode" and not r.reference:
+            longest_decode = max(longest_decode, r.seconds)
+        elif r.kind == "prefill" and r.step > 20 and any(a.state == "decoding" for a in r.agents):
+            assert r.seconds <= STALL_DECODE_STEPS * longest_decode * (1 + 1e-9)
+    assert sum(r.tokens for r in steps if r.kind == "decode") > 1000
 
 
 def test_a_bound_is_a_number_above_zero():

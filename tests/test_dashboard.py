@@ -292,12 +292,12 @@ def test_the_latency_panel_shows_the_swarms_percentiles_and_a_held_prefill():
     s.add(_step(1.0, [AgentView(0, 10, "decoding", 4096, 1, 0, "", queue_s=0.5)], ended=done))
     s.add(_step(1.04, [AgentView(0, 11, "decoding", 4096, 2, 0, "", queue_s=0.5, ttft_s=0.7)]))
     s.add(_step(1.5, [AgentView(0, 11, "decoding", 4096, 2, 0, "", queue_s=0.5, ttft_s=0.7)], kind="prefill",
-                note="stall bound: 48 of 2000 tokens"))
+                note="stall bound 300 ms: 48 of 2000 tokens"))
     shown = latency_text(s)
     assert shown is not None
     text = shown.plain
     assert "inter-token 40 ms / 40 ms / 40 ms" in text
     assert "queue 500 ms / 950 ms / 990 ms" in text and "prefill 250 ms / 250 ms / 250 ms" in text
     assert "TTFT 750 ms / 1.2 s / 1.2 s" in text
-    assert "stall bound: 48 of 2000 tokens a step" in text
+    assert "stall bound 300 ms: 48 of 2000 tokens a step" in text
     assert waited(s.latest.agents[0], s.latency.agent_itl_s(0)).plain == "q 500ms ttft 700ms itl 40ms │ "

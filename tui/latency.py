@@ -33,7 +33,7 @@ class Latencies:
     gaps_s: deque = field(default_factory=lambda: deque(maxlen=GAPS_KEPT))
     requests: deque[RequestLatency] = field(default_factory=lambda: deque(maxlen=REQUESTS_KEPT))
     agent_gaps_s: dict = field(default_factory=dict)  # agent id -> deque of its last gaps
-    stall_note: str = ""  # the latest "stall bound: X of Y tokens", and the step's clock then
+    stall_note: str = ""  # the latest "stall bound B ms: X of Y tokens", and the step's clock then
     stall_at_s: float = -math.inf
     now_s: float = 0.0
     _last: dict = field(default_factory=dict)  # agent id -> (t, generated, turns, state) at its last token
