@@ -11,7 +11,7 @@ from swarmtune.engine.backends.backend import Backend, Landing, NoKVSlot
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
 from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.measure.analysis import StepAnalysis
+from swarmtune.engine.measure.analysis import REFERENCE_EVERY_MAX_STEPS, StepAnalysis
 from swarmtune.engine.mix_policy import MixPolicy
 from swarmtune.engine.records import mean_context
 from swarmtune.engine.residency import MoveLog, Parking
@@ -184,16 +184,22 @@ class BatchRunner:
             self.moves.add(a, "paste", int(self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)),
                            seconds, a.context)
 
-    def _reference_due(self, batch: list[Agent]) -> bool:
-        return self.s.reference and self.analysis.reference_due(self.s.kv, [a.context for a in batch],
-                                                                 self.since_reference)
+    def _reference_due(self, batch: list[Agent], agents: list[Agent]) -> bool:
+        if not self.s.reference:
+            return False
+        # while a prompt fills, one chunk runs between two decode steps: a reference step would make the others
+        # wait through two chunks for their next token. It waits for the prefill to end (up to the longest
+        # cadence: a swarm always filling still times its reference)
+        if self.since_reference < REFERENCE_EVERY_MAX_STEPS and any(a.state is AgentState.PREFILL for a in agents):
+            return False
+        return self.analysis.reference_due(self.s.kv, [a.context for a in batch], self.since_reference)
 
     def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent],
                 launch: bool) -> Callable[[], Ran]:
         batch = plan.agents
         note = ""
         self.since_reference += 1
-        if self._reference_due(batch):
+        if self._reference_due(batch, agents):
             # one agent alone, the others wait a step: a real step of the run, timed at batch 1, by the
             # agent nearest the batch's mean context (where the next speedups will be read)
             mean_ctx = mean_context(a.context for a in batch)

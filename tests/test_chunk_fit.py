@@ -90,3 +90,13 @@ def test_a_bound_is_a_number_above_zero():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(UserError, match="--max-stall-ms"):
             EngineSettings(max_stall_s=bad).validate(0)
+
+
+def test_no_reference_step_while_a_prompt_fills():
+    """A batch-1 reference step between two chunks would make the decoding agents wait through both: it waits
+    for the prefill to end (up to the longest cadence)."""
+    _, steps = run(None, steps=1500)
+    refs = [i for i, r in enumerate(steps) if r.reference]
+    assert refs  # the swarm still times its reference
+    for i in refs:  # the agents as the step before it left them, when the step was chosen
+        assert not any(a.pending for a in steps[i - 1].agents), steps[i].step
