@@ -160,8 +160,7 @@ class BatchRunner:
     def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
         """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
         say fits in it, never under MIN_CHUNK_TOKENS), and the record's note when it was cut."""
-        bound = self.s.max_stall_s if not self.s.stall_auto else \
-            (None if self.decode_s is None else STALL_DECODE_STEPS * self.decode_s)
+        bound = self._stall_bound(a)
         if bound is None or not any(x.state is AgentState.DECODE for x in agents):
             return n, ""
         fits = self.analysis.chunk_within(self.s.kv, bound, a.context, n)
@@ -169,6 +168,19 @@ class BatchRunner:
         cut = min(n, PROBE_CHUNK_TOKENS[self.probes % 3] if fits is None else max(fits, MIN_CHUNK_TOKENS))
         self.probes += fits is None
         return cut, (f"stall bound {bound * 1000:.0f} ms: {cut} of {n} tokens" if cut < n else "")
+
+    def _stall_bound(self, a: Agent) -> float | None:
+        """The stall bound for a's next chunk: the one stated, or under auto STALL_DECODE_STEPS times what each
+        chunk adds to a's time to its first token: the decode step run after it, and the call's own cost at
+        a's position (the fit's c + d·p), so that cutting a prompt into chunks costs it at most about 1/8 more.
+        Where a call's own cost is small (a GPU, a short context) that is 8 decode steps; at 6k cells on a 2-core
+        CPU, whole chunks."""
+        if not self.s.stall_auto:
+            return self.s.max_stall_s
+        if self.decode_s is None:
+            return None
+        fit = self.analysis.chunk_fit(self.s.kv)
+        return STALL_DECODE_STEPS * (self.decode_s + (fit.call_seconds(a.context) if fit is not None else 0.0))
 
     def _decode_timed(self, seconds: float) -> None:
         """A decode step of the swarm's (drafts verified or not, no prefill in it) took this long."""

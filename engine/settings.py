@@ -67,10 +67,11 @@ class DraftSetting:
         return "auto" if self.auto else str(self.tokens)
 
 
-# --max-stall-ms auto: a prefill chunk between two decode steps takes at most this many of the swarm's measured
-# decode steps, so a decoding agent's gap stays within 1 + STALL_DECODE_STEPS steps while the newcomer's prefill
-# pays at most one decode step in STALL_DECODE_STEPS (about 1/8 more time to its first token) for it. In steps,
-# not milliseconds, so the same rule holds on a 40 ms CPU step and a 10 ms GPU one.
+# --max-stall-ms auto: a prefill chunk between two decode steps takes at most this many times what each chunk
+# adds to the newcomer's time to its first token (the decode step after it, and the call's own cost at its
+# position: engine/batch_runner.py), so that chunking costs the prefill about 1/8 more, and a decoding agent's
+# gap stays within 8 decode steps where a call's own cost is small. In steps, not milliseconds, so the same rule
+# holds on a 40 ms CPU step and a 10 ms GPU one.
 STALL_DECODE_STEPS = 8
 
 

@@ -187,7 +187,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-stall-ms", type=_stall, default=None, metavar="MS|auto|off",
                    help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
                         "MS, so no decoding agent waits longer between tokens for it; auto: "
-                        f"{STALL_DECODE_STEPS} of the swarm's measured decode steps (default: off, whole chunks)")
+                        f"{STALL_DECODE_STEPS}x what a chunk adds to the prompt's wait (a decode step, the call's own "
+                        "cost), measured (default: off, whole chunks)")
     g.add_argument("--mix", choices=("auto", "on", "off"), default="auto",
                    help="a decode step carries the next prefill chunk in the same call (on), never (off), or where "
                         "the measured step times say it pays, on a device; two calls on the CPU (auto)")
