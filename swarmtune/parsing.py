@@ -236,6 +236,10 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
                    help="--clients: past the first token a prompt changed, keep runs of at least N of the "
                         "conversation's old cells that reappear later, shifted into place, rather than prefill "
                         f"them (as llama-server's --cache-reuse; default {DEFAULT_MIN_TOKENS}, 0: off)")
+    g.add_argument("--on-overflow", choices=("error", "trim-front"), default="error",
+                   help="--clients: a chat prompt past an agent's context gets the error its SDK knows (error), or "
+                        "loses its oldest messages, system prompt and tools kept, until it fits; the response's "
+                        "`swarmtune.trimmed` says how many and their tokens (trim-front)")
     g.add_argument("--record", dest="record_path", default=None,
                    help="also write every step and every served request to this file (JSON lines)")
     g.add_argument("--transcript", dest="transcript_path", default=None,

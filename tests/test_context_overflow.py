@@ -69,3 +69,43 @@ def test_anthropic_prompt_is_too_long(server):
     m = re.match(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)",
                  err.value.body["error"]["message"])
     assert m and int(m[2]) == CTX and int(m[3]) == CTX - 2
+
+
+@pytest.fixture(scope="module")
+def trimming():
+    with served("--clients", "--agents", "2", "--ctx", str(CTX), "--threads", "2", "--on-overflow", "trim-front") as s:
+        yield s
+
+
+def _history(turns: int) -> list[dict]:
+    """A long conversation: a system prompt, then turns of a user's question and a long answer."""
+    msgs = [{"role": "system", "content": "You are a terse assistant. Always answer in one word."}]
+    for i in range(turns):
+        msgs += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 20},
+                 {"role": "assistant", "content": f"Answer {i}: " + "and so on " * 20}]
+    return msgs + [{"role": "user", "content": "Last question: what is 2 + 2?"}]
+
+
+def test_trim_front_drops_the_oldest_turns_and_says_so_in_each_api(trimming):
+    """--on-overflow trim-front: the oldest turns go, system prompt and the last message kept, until the prompt
+    and its limit fit; the response's `swarmtune.trimmed` says how many messages and tokens. A prompt whose last
+    message alone is past the context is still refused with the API's own error."""
+    c = openai.OpenAI(base_url=trimming.url + "/v1", api_key="x", max_retries=0)
+    short = c.chat.completions.create(model="m", messages=_history(1), max_tokens=4)
+    assert "trimmed" not in short.model_extra["swarmtune"]  # nothing past the context: nothing dropped
+    r = c.chat.completions.create(model="m", messages=_history(12), max_tokens=16)
+    trimmed = r.model_extra["swarmtune"]["trimmed"]
+    assert trimmed["messages"] >= 2 and trimmed["messages"] % 2 == 0 and trimmed["tokens"] > 0
+    assert r.usage.prompt_tokens + 16 <= CTX - 2 < r.usage.prompt_tokens + trimmed["tokens"] + 16
+    # streamed: the last chunk carries the account
+    chunks = list(c.chat.completions.create(model="m", messages=_history(12), max_tokens=8, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].model_extra["swarmtune"]["trimmed"] == {"messages": trimmed["messages"],
+                                                              "tokens": trimmed["tokens"]}
+    a = anthropic.Anthropic(base_url=trimming.url, api_key="x", max_retries=0)
+    hist = _history(12)
+    m = a.messages.create(model="m", system=hist[0]["content"], messages=hist[1:], max_tokens=16)
+    assert m.model_extra["swarmtune"]["trimmed"]["messages"] >= 2
+    with pytest.raises(openai.BadRequestError) as err:  # the last message alone does not fit: refused whole
+        c.chat.completions.create(model="m", messages=LONG, max_tokens=8)
+    assert err.value.code == "context_length_exceeded"

@@ -104,6 +104,7 @@ class ServedRequest:
     shifted_tokens: int = 0  # of cached_tokens, the cells kept past a divergence, shifted into place
     miss: CacheMiss | None = None  # why it prefilled what its conversation had held, or that it is new
     system_tokens: int = 0  # where the system prompt ends in `prompt` (0: unknown)
+    trimmed: tuple[int, int] = (0, 0)  # --on-overflow trim-front: the oldest messages dropped to fit, their tokens
     prefill_s: float = 0.0  # the seconds of the steps it was in, by kind
     decode_s: float = 0.0
     joules: float | None = None  # its share of those steps' energy

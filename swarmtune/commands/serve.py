@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
     runner = EngineRunner(engine, served=served, record_path=args.record_path, hide_text=args.hide_text)
     app = make_app(runner, token, served, allow_hosts=tuple(args.allow_hosts),
-                   allow_origins=tuple(args.allow_origins))
+                   allow_origins=tuple(args.allow_origins), trim_front=args.on_overflow == "trim-front")
     transcript = None
     if args.transcript_path:
         from swarmtune.server.transcript import TranscriptWriter

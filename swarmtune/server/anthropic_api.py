@@ -195,7 +195,7 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
             if len(stops) > MAX_STOP * 2:
                 raise BadRequest(f"stop_sequences takes at most {MAX_STOP * 2} sequences", "stop_sequences")
             p = plan(body)
-            prompt = await bridge.prompt(_messages(body.system, body.messages), p.offered)
+            prompt = await bridge.prompt(_messages(body.system, body.messages), p.offered, limit=body.max_tokens)
             key = request.headers.get(AGENT_HEADER) or (body.metadata.user_id if body.metadata else None)
             req = bridge.request(prompt, body.max_tokens, Sampling(body.temperature, body.top_p, body.top_k),
                                  stops, key, "messages", p.grammar)

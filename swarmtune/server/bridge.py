@@ -113,14 +113,35 @@ class Sampling:
 
 
 class RenderedPrompt(list[int]):
-    """A chat prompt's tokens, and where its system prompt ends in them (0: no system prompt, or unknown)."""
+    """A chat prompt's tokens, and where its system prompt ends in them (0: no system prompt, or unknown);
+    where --on-overflow trim-front dropped its oldest messages to fit, how many and their tokens."""
 
     system_tokens: int = 0
+    trimmed_messages: int = 0
+    trimmed_tokens: int = 0
+
+
+MIN_REPLY_TOKENS = 16  # trim-front without a stated limit leaves room for at least this much of a reply
+
+
+def drop_oldest(messages: list[ChatMessage]) -> list[ChatMessage] | None:
+    """The conversation less its oldest turn (the first message after the system prompt, with the tool
+    results that answer it, and an assistant message left leading), so that the template still sees a
+    well-formed conversation; None where only the system prompt and the last message are left."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    rest = messages[head:]
+    if len(rest) <= 1:
+        return None
+    n = 1
+    while n < len(rest) - 1 and rest[n]["role"] in ("tool", "assistant"):
+        n += 1  # its tool results, and a reply that no longer follows a user's message
+    return messages[:head] + rest[n:]
 
 
 class Bridge:
-    def __init__(self, runner: EngineRunner, served: ServedAgents) -> None:
+    def __init__(self, runner: EngineRunner, served: ServedAgents, trim_front: bool = False) -> None:
         self.runner, self.served = runner, served
+        self.trim_front = trim_front  # --on-overflow trim-front: drop a prompt's oldest messages until it fits
         self.backend = runner.engine.backend
         self.renderer = PromptRenderer(self.backend)
         self.model = model_id(runner.engine.facts.path)
@@ -132,7 +153,24 @@ class Bridge:
         return self.renderer.family
 
     async def prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                     param: str = "messages") -> "RenderedPrompt":
+                     param: str = "messages", limit: int | None = None) -> "RenderedPrompt":
+        """The conversation rendered and tokenized; under trim-front, less its oldest turns until it and its
+        limit (or a short reply) fit an agent's context. Nothing is dropped silently: the response says
+        what was (bridge.account)."""
+        out = await self._rendered(messages, tools, param)
+        if not self.trim_front:
+            return out
+        fits = self.runner.engine.s.ctx_per_agent - 2 - (limit if limit is not None else MIN_REPLY_TOKENS)
+        whole, dropped = len(out), 0
+        while len(out) > fits and (fewer := drop_oldest(messages)) is not None:
+            dropped += len(messages) - len(fewer)
+            messages = fewer
+            out = await self._rendered(messages, tools, param)
+        out.trimmed_messages, out.trimmed_tokens = dropped, whole - len(out)
+        return out
+
+    async def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        param: str) -> "RenderedPrompt":
         try:
             text = self.renderer.render(messages, tools)
         except UserError as e:
@@ -167,7 +205,8 @@ class Bridge:
             raise BadRequest(f"the output cannot be constrained: {why}", "tools")
         return ServedRequest(prompt=prompt, max_tokens=limit if limit is not None else room,
                              params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint,
-                             system_tokens=getattr(prompt, "system_tokens", 0))
+                             system_tokens=getattr(prompt, "system_tokens", 0),
+                             trimmed=(getattr(prompt, "trimmed_messages", 0), getattr(prompt, "trimmed_tokens", 0)))
 
     def submit(self, req: ServedRequest) -> asyncio.Queue[Delta | Finished | Closed]:
         """Queue it; its events arrive on the returned queue. Raises Busy (the queue is full)."""
@@ -233,4 +272,6 @@ def account(req: ServedRequest) -> dict[str, Any]:
             "copied_from": req.copied_from, "shifted_tokens": req.shifted_tokens,
             "prefilled_tokens": req.prefilled_tokens,
             "miss": None if m is None else {"at": m.at, "cause": m.cause, "words": m.words, "old": m.old,
-                                            "new": m.new}}
+                                            "new": m.new},
+            # --on-overflow trim-front: the oldest messages dropped for the prompt to fit, and their tokens
+            **({"trimmed": {"messages": req.trimmed[0], "tokens": req.trimmed[1]}} if req.trimmed[0] else {})}

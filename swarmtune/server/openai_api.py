@@ -113,7 +113,7 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             plan = plan_tools([t.model_dump(exclude_none=True) for t in body.tools or []], choice, bridge.family,
                               body.parallel_tool_calls, fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
                               json_output=fmt is not None and fmt.type != "text")
-            prompt = await bridge.prompt([normalised(m) for m in body.messages], plan.offered)
+            prompt = await bridge.prompt([normalised(m) for m in body.messages], plan.offered, limit=body.limit())
             req = bridge.request(prompt, body.limit(), sampling_of(body), body.stops(), key, "chat", plan.grammar)
             q = bridge.submit(req)
         except BadRequest as e:

@@ -136,7 +136,7 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                      for t in body.tools or []]
             p = plan_tools(tools, choice, bridge.family, body.parallel_tool_calls)
-            prompt = await bridge.prompt(messages, p.offered, "input")
+            prompt = await bridge.prompt(messages, p.offered, "input", limit=body.max_output_tokens)
             key = request.headers.get(AGENT_HEADER) or body.user or None
             req = bridge.request(prompt, body.max_output_tokens, Sampling(body.temperature, body.top_p), (), key,
                                  "responses", p.grammar, "input", "max_output_tokens")

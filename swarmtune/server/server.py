@@ -136,7 +136,8 @@ def _invalid(field: str, msg: str) -> JSONResponse:
 
 
 def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None,
-             allow_hosts: tuple[str, ...] = (), allow_origins: tuple[str, ...] = ()) -> FastAPI:
+             allow_hosts: tuple[str, ...] = (), allow_origins: tuple[str, ...] = (),
+             trim_front: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not runner.running and not runner.ready.is_set():
@@ -256,7 +257,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     if served is not None:
-        bridge = Bridge(runner, served)
+        bridge = Bridge(runner, served, trim_front)
         add_openai_routes(app, bridge)
         add_anthropic_routes(app, bridge)
         add_responses_routes(app, bridge)
