@@ -7,6 +7,7 @@ import swarmtune
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.measure.speedup import BatchOneReference
+from swarmtune.engine.model.model_facts import ModelFacts
 from swarmtune.engine.settings import EngineSettings
 
 
@@ -32,4 +33,22 @@ def run_header(b: Backend, s: EngineSettings, slots: int, overlap: bool, referen
         "power": {"source": meter.label, "detail": meter.reason, "tried": getattr(meter, "tried", [])},
         "started_at": started_at,
         "run_id": run_id,  # step indexes restart with each run; a client resuming by index checks it
+    }
+
+
+def preview_header(facts: ModelFacts, s: EngineSettings, source: str, backend: str) -> dict[str, object]:
+    """What is known before the model loads (the model file's header and the settings): enough for a screen to
+    draw every panel (the formula's curve, the bytes a step reads, a row per agent) while the engine starts.
+    `preview` marks it; the engine's own header replaces it."""
+    return {
+        "model": {"name": facts.name, "path": facts.path, "architecture": facts.architecture},
+        "weight_bytes": facts.weight_bytes,
+        "kv_bytes_per_token": facts.kv_bytes_per_token_all(),
+        "bytes_model": facts.bytes_model.to_dict(),
+        "backend": backend,
+        "device": "starting",
+        "settings": {**asdict(s), "kv": s.kv.label},
+        "source": source,
+        "power": {"source": "", "detail": "starting"},
+        "preview": True,
     }

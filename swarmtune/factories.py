@@ -128,6 +128,32 @@ def tuner_goal(args: argparse.Namespace):
                 run_s=getattr(args, "duration", None), kv_quality=quality)
 
 
+def preview(args: argparse.Namespace) -> dict:
+    """The run's preview header (engine/run_header.py), from the model file's header and the flags, with every
+    flag checked as make_engine checks it: a bad one is refused before any screen is drawn. The simulated card
+    is cheap to make; a model is only read here, not loaded."""
+    from types import SimpleNamespace
+
+    from swarmtune.engine.run_header import preview_header
+
+    check_flags(args)
+    tuner_goal(args)
+    if args.sim and args.model:
+        raise UserError("give --model or --sim, not both")
+    if args.sim:
+        backend = make_backend(args)
+        facts, source, name = backend.facts, backend.source, backend.info.name
+    else:
+        from swarmtune.engine.model.default_model import default_model_path
+        from swarmtune.engine.model.model_facts import read_model_facts
+
+        facts, source, name = read_model_facts(args.model or default_model_path()), "measured", "llama.cpp"
+        backend = SimpleNamespace(facts=facts)
+    settings = engine_settings(args, backend)
+    settings.validate(facts.n_ctx_train)
+    return preview_header(facts, settings, source, name)
+
+
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
     from swarmtune.engine.measure.power.meter import ModeledMeter, make_meter

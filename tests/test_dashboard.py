@@ -301,3 +301,36 @@ def test_the_latency_panel_shows_the_swarms_percentiles_and_a_held_prefill():
     assert "TTFT 750 ms / 1.2 s / 1.2 s" in text
     assert "stall bound 300 ms: 48 of 2000 tokens a step" in text
     assert waited(s.latest.agents[0], s.latency.agent_itl_s(0)).plain == "q 500ms ttft 700ms itl 40ms │ "
+
+
+async def test_the_screen_is_drawn_before_the_engine_is_built_and_early_keys_apply_after():
+    """`swarmtune run` draws every panel from the model file's header and the flags while the engine is built on
+    the source's thread (bench/first_screen.py times it at the terminal); a key pressed meanwhile applies once
+    the engine comes."""
+    import threading
+
+    from swarmtune.cli import build_parser
+    from swarmtune.factories import make_engine, preview
+    from swarmtune.tui.widgets.agents import AgentsTable
+
+    args = build_parser().parse_args(["run", "--sim", SIM, "--agents", "4"])
+    go = threading.Event()
+
+    def build():
+        assert go.wait(30)
+        return make_engine(args)
+
+    app = SwarmApp(LiveSource.later(build, preview(args)))
+    async with app.run_test(size=(160, 50)) as pilot:
+        assert await wait_for(pilot, lambda: app.stats.latest is not None and app.stats.latest.note == "starting")
+        assert app.engine is None and len(app.stats.latest.agents) == 4
+        await pilot.pause()
+        rows = app.screen.query_one(AgentsTable)._agents
+        assert [a.state for a in rows] == ["starting"] * 4
+        await pilot.press("minus")  # cap 4 -> 3, before the engine exists
+        assert app.source.state().batch_cap == 3
+        go.set()
+        assert await wait_for(pilot, lambda: app.stats.latest_decode is not None and app.stats.steps > 0
+                              and app.stats.latest.batch_cap == 3, timeout=30)
+        assert not app._panel_errors
+        assert app.stop_engine()

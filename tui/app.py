@@ -150,6 +150,7 @@ class SwarmApp(App):
             header=lambda h: self.call_from_thread(self._set_header, h),
             progress=self._engine_progress,
             seeked=lambda before: void(self.post_message(Seeked(before))),
+            notice=lambda line: void(self.call_from_thread(self.notify, line, severity="error", timeout=10)),
             every_s=UI_INTERVAL_S,
         )
         self._sink = sink
@@ -192,8 +193,12 @@ class SwarmApp(App):
         return True
 
     def _set_header(self, header: dict) -> None:
-        self.stats.header = header
+        self.stats.set_header(header)
         self._dirty = True
+        if self.stats.steps == 0:  # before the first step: every panel draws now, from the header
+            self._painted_tick.clear()
+            self._force_status = True
+            self.refresh_panels()
 
     def on_seeked(self, message: Seeked) -> None:
         self.stats.reset()

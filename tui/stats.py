@@ -6,11 +6,27 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.rolling import RollingRate
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.model.bytes_model import bytes_model_from_header
+from swarmtune.engine.records import AgentView, StepRecord
 from swarmtune.tui.latency import Latencies
 
 HISTORY = 240
 MISSES_KEPT = 5  # the misses panel's rows
+
+
+def preview_record(h: dict) -> StepRecord | None:
+    """What the screen shows before the first step, from the header alone: each agent starting at no context,
+    and the settings' batch (its weight bytes from the byte model; modeled, as a step's are); None where the
+    header does not say the settings."""
+    s = h.get("settings") or {}
+    agents, cap = int(s.get("agents") or 0), int(s.get("batch_cap") or 0)
+    if not agents or not cap:
+        return None
+    bm = bytes_model_from_header(h)
+    views = [AgentView(i, 0, "starting", int(s.get("ctx_per_agent") or 0), 0, 0, "") for i in range(agents)]
+    return StepRecord(step=-1, t=0.0, kind="idle", batch=cap, batch_ids=[], batch_cap=cap, kv_type=str(s.get("kv")),
+                      agents=views, weight_bytes=int(bm.weight_bytes(cap)) if bm is not None else 0, kv_bytes=0.0,
+                      seconds=0.0, tokens=0, source=str(h.get("source", "")), note="starting")
 
 
 @dataclass
@@ -62,6 +78,12 @@ class Stats:
         on (measured); None while they are off."""
         batch = sum(b for b, _, _ in self.spec_recent)
         return sum(k for _, _, k in self.spec_recent) / batch if batch else None
+
+    def set_header(self, header: dict) -> None:
+        """A run's header; before any step, every panel draws from it (preview_record) while the engine starts."""
+        self.header = header
+        if self.steps == 0:
+            self.latest = self.latest_decode = preview_record(header)
 
     def reset(self) -> None:
         header = self.header

@@ -3,7 +3,7 @@
 import argparse
 
 from swarmtune.engine.errors import UserError
-from swarmtune.factories import make_engine, remote_source
+from swarmtune.factories import make_engine, preview, remote_source
 
 
 def _dashboard(source) -> int:
@@ -22,7 +22,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.clients:
         if args.transcript_path:
             raise UserError("--transcript needs --clients: it writes the conversations your clients send")
-        return _dashboard(LiveSource(make_engine(args)))
+        # the screen first, from what the model file and the flags say; the model loads on the source's thread
+        return _dashboard(LiveSource.later(lambda: make_engine(args), preview(args)))
     from swarmtune.commands.serve import checked_address
     from swarmtune.engine.agents.served import ServedAgents
     from swarmtune.server.hosted import HostedSource

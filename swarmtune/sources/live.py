@@ -7,6 +7,9 @@ from typing import Any
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.engine import Engine
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.kv_types import read_kv
+from swarmtune.engine.settings import cap_in_force, check_agents, check_batch_cap, check_residency
 from swarmtune.sources.driver import drive
 from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Capabilities, Sink
@@ -17,11 +20,30 @@ class LiveSource:
     status = ""
 
     def __init__(self, engine: Engine, pace_sim: bool = True) -> None:
-        self.engine = engine
+        self._engine: Engine | None = engine
+        self._build: Callable[[], Engine] | None = None
+        self._preview: dict[str, Any] = {}
+        self._early = Control()  # what was asked for before a deferred engine was built
+        self._lock = threading.Lock()
         self._paused = False
         self._held = threading.Event()  # a pause holds: no step in flight, every record handed to the sink
         self.pace_sim = pace_sim
         self.mode = "SIMULATED" if engine.backend.source == "simulated" else ""
+
+    @classmethod
+    def later(cls, build: Callable[[], Engine], preview: dict[str, Any], pace_sim: bool = True) -> "LiveSource":
+        """An engine built on the source's own thread when it runs (loading a model takes a while): its consumer
+        draws at once, from `preview` (engine/run_header.py's preview_header), and fills in as the engine comes."""
+        src = cls.__new__(cls)
+        src._engine, src._build, src._preview, src._early = None, build, preview, Control()
+        src._paused, src._held, src.pace_sim, src._lock = False, threading.Event(), pace_sim, threading.Lock()
+        src.mode = "SIMULATED" if preview.get("source") == "simulated" else ""
+        return src
+
+    @property
+    def engine(self) -> Engine | None:
+        """None until a deferred engine is built."""
+        return self._engine
 
     @property
     def paused(self) -> bool:
@@ -39,16 +61,47 @@ class LiveSource:
         return self._held.wait(timeout_s)
 
     def header(self) -> dict[str, Any]:
-        return self.engine.header()
+        return self._preview if self._engine is None else self._engine.header()
 
     def request(self, c: Control) -> EngineState:
-        return self.engine.request(c)
+        """Before a deferred engine is built, a control is checked as far as the flags allow (agents, cap,
+        residency) and applied once the engine comes; what only the engine can check is checked then, and
+        a refusal is said then (the sink's notice)."""
+        if self._engine is not None:
+            return self._engine.request(c)
+        with self._lock:
+            st = self.state()
+            agents = check_agents(c.agents) if c.agents is not None else st.agents
+            if c.batch_cap is not None:
+                check_batch_cap(c.batch_cap, agents)
+            if c.residency is not None:
+                check_residency(c.residency)
+            self._early = self._early.then(c)
+            return self.state()
 
     def state(self) -> EngineState:
-        return self.engine.state()
+        if self._engine is not None:
+            return self._engine.state()
+        s, e = self._preview.get("settings") or {}, self._early
+        agents = e.agents if e.agents is not None else int(s.get("agents", 0))
+        cap = e.batch_cap if e.batch_cap is not None else int(s.get("batch_cap", 0))
+        return EngineState(cap_in_force(cap, agents) if agents else cap, e.kv or read_kv(str(s.get("kv", "f16"))),
+                           agents, e.residency or str(s.get("residency", "keep")))
 
     def run(self, sink: Sink, cancelled: Callable[[], bool]) -> None:
-        eng = self.engine
+        if self._engine is None:
+            assert self._build is not None
+            sink.header(self._preview)  # every panel drawn now; the model loads meanwhile
+            engine = self._build()
+            with self._lock:
+                early, self._early = self._early, Control()
+                self._engine = engine
+            if early.changes():
+                try:
+                    engine.request(early)
+                except UserError as e:
+                    sink.notice(f"asked for while the engine started, and refused: {e}")
+        eng = self._engine
         eng.progress = sink.progress
         eng.should_stop = cancelled  # a long rebuild stops between its chunks
         eng.should_yield = lambda: self._paused or cancelled()
@@ -65,4 +118,5 @@ class LiveSource:
         pass  # the driver and the engine look at `cancelled` often enough
 
     def close(self) -> None:
-        self.engine.close()
+        if self._engine is not None:
+            self._engine.close()

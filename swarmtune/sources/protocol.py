@@ -27,6 +27,7 @@ class Sink:
     header: Callable[[dict[str, Any]], None] = _ignore
     progress: Callable[[str, int, int], None] = _ignore  # what (e.g. "rebuild"), done, total
     seeked: Callable[[list[StepRecord]], None] = _ignore  # a seek: every record before the new position
+    notice: Callable[[str], None] = _ignore  # a line for the person watching (a control refused late)
     every_s: float = 0.0  # hand records over in batches at most this often (0: each at once)
 
 
