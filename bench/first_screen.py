@@ -2,7 +2,8 @@
 (160x50, xterm-256color) and every byte it writes is fed, as it arrives, to a terminal emulator (pyte); a
 figure ends at the arrival of the bytes that made the screen show it.
 
-(a) From launch (the command started, Python and the model loaded on the way) to the first frame, and to
+(a) From launch (the command started, Python's imports on the way; the model loads while the screen is up,
+and before this version loaded before it) to the first frame, and to
 the first full screen: the status line, every agent's row, the speedup curve and the bytes panel drawn.
 (b) A key's effect: from writing `-` (or `+`, the batch cap) to the pty to its first sign on the screen
 (the note it raises, or the status line), and to the status line showing the cap the engine runs at, with
@@ -163,7 +164,7 @@ def main() -> None:
               + " ms (measured at the terminal)", flush=True)
     print(f"first frame: median {statistics.median(firsts):.2f} s after launch")
     print(f"first screen: median {statistics.median(fulls):.2f} s, worst {max(fulls):.2f} s after launch "
-          f"({a.rounds} rounds, Python's imports and the model load included)")
+          f"({a.rounds} rounds, Python's imports included; the model loads behind the screen)")
     print(f"key applied: {max(applied) * 1000:.0f} ms (worst of {len(applied)}; median "
           f"{statistics.median(applied) * 1000:.0f} ms): the status line showing the cap the engine runs at")
     print(f"key: {max(seen) * 1000:.0f} ms (worst of {len(seen)}; median {statistics.median(seen) * 1000:.0f} ms; "
