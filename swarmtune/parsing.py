@@ -184,11 +184,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
                         "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off). "
                         f"auto: up to {AUTO_DRAFT_TOKENS}, each agent's length where measured step times say it pays")
-    g.add_argument("--max-stall-ms", type=_stall, default=None, metavar="MS|auto|off",
+    g.add_argument("--max-stall-ms", type=_stall, default="auto", metavar="MS|auto|off",
                    help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
                         "MS, so no decoding agent waits longer between tokens for it; auto: "
                         f"{STALL_DECODE_STEPS}x what a chunk adds to the prompt's wait (a decode step, the call's own "
-                        "cost), measured (default: off, whole chunks)")
+                        "cost), measured (default); off: whole chunks")
     g.add_argument("--mix", choices=("auto", "on", "off"), default="auto",
                    help="a decode step carries the next prefill chunk in the same call (on), never (off), or where "
                         "the measured step times say it pays, on a device; two calls on the CPU (auto)")
