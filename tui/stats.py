@@ -82,7 +82,7 @@ class Stats:
     def set_header(self, header: dict) -> None:
         """A run's header; before any step, every panel draws from it (preview_record) while the engine starts."""
         self.header = header
-        if self.steps == 0:
+        if self.steps == 0 and header.get("preview"):  # only a source still starting its engine sends one
             self.latest = self.latest_decode = preview_record(header)
 
     def reset(self) -> None:
