@@ -334,3 +334,33 @@ async def test_the_screen_is_drawn_before_the_engine_is_built_and_early_keys_app
                               and app.stats.latest.batch_cap == 3, timeout=30)
         assert not app._panel_errors
         assert app.stop_engine()
+
+
+def test_the_budget_forecast_says_where_and_when_the_kv_budget_fills():
+    """Issue 54's marker: the context per agent at which the resident histories fill the KV budget at the
+    setting in force (the byte model's, exactly the engine's figure), and when at the measured growth; made
+    early, it names a time near when the swarm first has to preempt."""
+    from swarmtune.tui.stats import Stats
+
+    p = profile(SIM)
+    backend = SimBackend(p)
+    k = backend.facts.kv_bytes_per_token(KV("f16"))
+    e = Engine(backend, EngineSettings(agents=8, ctx_per_agent=16384, seed=3, gen_tokens=256, tool_tokens=512,
+                                       kv_budget_bytes=8 * 3000 * k, check=False))
+    stats, early = Stats(), None
+    stats.set_header(e.header())
+    for _ in range(20000):
+        r = e.step()
+        stats.add(r)
+        if early is None and r.t > 20:
+            early = (r.t, stats.budget.forecast(stats.header, stats.latest))
+        if r.preempted:
+            break
+    assert r.preempted, "the budget never bound"
+    t0, f = early
+    assert f is not None and f.budget_tokens == e.budget_tokens(e.s.kv)
+    assert f.full_at_context == pytest.approx(f.budget_tokens / 8)
+    assert f.growth_tokens_per_s is not None and f.growth_tokens_per_s > 0
+    bound_after = r.t - t0
+    assert 0.5 * bound_after <= f.seconds_left <= 2.0 * bound_after, (f.seconds_left, bound_after)
+    assert "budget full at" in f.text()

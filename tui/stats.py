@@ -8,6 +8,7 @@ from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.model.bytes_model import bytes_model_from_header
 from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.tui.budget import BudgetWatch
 from swarmtune.tui.latency import Latencies
 
 HISTORY = 240
@@ -46,6 +47,7 @@ class Stats:
     prefills: deque = field(default_factory=lambda: deque(maxlen=32))  # the latest prefill steps' (tokens, seconds)
     rate: RollingRate = field(default_factory=RollingRate)
     latency: Latencies = field(default_factory=Latencies)  # inter-token gaps, ended requests, the stall bound
+    budget: BudgetWatch = field(default_factory=BudgetWatch)  # the resident histories' growth toward the KV budget
     agent_rate: dict = field(default_factory=dict)  # id -> deque of (t, generated)
     joules: float = 0.0
     energy_tokens: int = 0
@@ -96,6 +98,7 @@ class Stats:
         t = r.t
         self.rate.add(r)
         self.latency.add(r)
+        self.budget.add(r)
         waiting = sum(1 for a in r.agents if a.state in ("waiting", "prefilling", "preempted"))
         at_tool = sum(1 for a in r.agents if a.state in ("tool", "client"))
         if r.kind == "decode" and not r.reference:  # a batch-1 reference step is not where the swarm is

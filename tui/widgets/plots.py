@@ -106,6 +106,10 @@ class SpeedupPlot(_Chart):
                          kind="dots"))
         if r.measured_speedup is not None:
             c.add(Series(f"now (B={r.batch})", [r.mean_context], [r.measured_speedup], "red", kind="marker"))
+        full = stats.budget.forecast(h, stats.latest or r)
+        if full is not None and 0 < full.full_at_context < limit:  # where the budget binds before the agents' limits
+            ys = [top * i / 16 for i in range(17)]
+            c.add(Series(full.text(), [full.full_at_context] * len(ys), ys, "yellow", kind="dots"))
         self.chart = c
         self.redraw()
 
