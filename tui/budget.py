@@ -1,7 +1,8 @@
 """When the KV budget will stop holding the swarm at the setting in force, foreseen from what is known exactly:
 the budget and the bytes per token at that setting (the header's byte model), and the resident histories'
 growth as measured over the recent steps. Shown where the user decides: the speedup plot marks the context an
-agent reaches when the budget fills, and its legend says when that comes at the measured growth."""
+agent reaches when the budget fills, and its legend says when that comes at the measured growth (the time is
+a forecast from measured growth; the place is exact)."""
 
 import math
 from collections import deque
@@ -38,7 +39,7 @@ class BudgetForecast:
             eta = ""
         else:
             eta = f", in ~{when / 60:.1f} min" if when >= 90 else f", in ~{when:.0f} s"
-        return f"{self.kv} budget full at {self.full_at_context:,.0f}/agent{eta} (measured growth)"
+        return f"{self.kv} budget full at {self.full_at_context:,.0f}/agent{eta}"
 
 
 @dataclass

@@ -109,7 +109,8 @@ class SpeedupPlot(_Chart):
         full = stats.budget.forecast(h, stats.latest or r)
         if full is not None and 0 < full.full_at_context < limit:  # where the budget binds before the agents' limits
             ys = [top * i / 16 for i in range(17)]
-            c.add(Series(full.text(), [full.full_at_context] * len(ys), ys, "yellow", kind="dots"))
+            # first in the legend: a narrow plot cuts the legend's end
+            c.series.insert(0, Series(full.text(), [full.full_at_context] * len(ys), ys, "yellow", kind="dots"))
         self.chart = c
         self.redraw()
 
