@@ -19,26 +19,25 @@ class LiveSource:
     capabilities = Capabilities(controls=True, pause=True, seek=False)
     status = ""
 
-    def __init__(self, engine: Engine, pace_sim: bool = True) -> None:
-        self._engine: Engine | None = engine
-        self._build: Callable[[], Engine] | None = None
-        self._preview: dict[str, Any] = {}
+    def __init__(self, engine: Engine | None, pace_sim: bool = True, build: Callable[[], Engine] | None = None,
+                 preview: dict[str, Any] | None = None) -> None:
+        """A built engine, or (later) one to build on the source's thread, shown meanwhile from `preview`."""
+        self._engine = engine
+        self._build = build
+        self._preview = preview or {}
         self._early = Control()  # what was asked for before a deferred engine was built
         self._lock = threading.Lock()
         self._paused = False
         self._held = threading.Event()  # a pause holds: no step in flight, every record handed to the sink
         self.pace_sim = pace_sim
-        self.mode = "SIMULATED" if engine.backend.source == "simulated" else ""
+        source = engine.backend.source if engine is not None else self._preview.get("source")
+        self.mode = "SIMULATED" if source == "simulated" else ""
 
     @classmethod
     def later(cls, build: Callable[[], Engine], preview: dict[str, Any], pace_sim: bool = True) -> "LiveSource":
         """An engine built on the source's own thread when it runs (loading a model takes a while): its consumer
         draws at once, from `preview` (engine/run_header.py's preview_header), and fills in as the engine comes."""
-        src = cls.__new__(cls)
-        src._engine, src._build, src._preview, src._early = None, build, preview, Control()
-        src._paused, src._held, src.pace_sim, src._lock = False, threading.Event(), pace_sim, threading.Lock()
-        src.mode = "SIMULATED" if preview.get("source") == "simulated" else ""
-        return src
+        return cls(None, pace_sim, build=build, preview=preview)
 
     @property
     def engine(self) -> Engine | None:
