@@ -21,7 +21,6 @@ Last lines: `prefill ratio vs llama-server --cache-reuse: X` (swarmtune's prefil
 llama-server's, every turn of every trace) and the first-turn-excluded TTFT ratio beside it."""
 
 import argparse
-import os
 import random
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from llama_tools import engine_buffer_flags, tool_settings_line  # noqa: E402
-from serve_vs_llama_server import BATCH, build_llama_server, free_port, stop, wait_ready  # noqa: E402
+from serve_vs_llama_server import BATCH, build_llama_server, free_port, launch, stop  # noqa: E402
 
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
 from swarmtune.engine.kv_types import KVSetting  # noqa: E402
@@ -69,15 +68,7 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
                "-b", str(BATCH), "-ub", str(BATCH)]
         if name.endswith("256"):
             cmd += ["--cache-reuse", "256"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, SWARMTUNE_CHECK="0"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, url
+    return launch(cmd, port)
 
 
 def run_server(name: str, a: argparse.Namespace, model: str, llama_server: str,

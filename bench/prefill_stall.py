@@ -44,7 +44,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE)]
 
 from llama_tools import build_tool, engine_buffer_flags, tool_settings_line  # noqa: E402
-from serve_vs_llama_server import free_port, stdlib_text, stop, wait_ready  # noqa: E402
+from serve_vs_llama_server import free_port, launch, stdlib_text, stop  # noqa: E402
 
 DECODERS = 7
 NEWCOMER_TOKENS = 16  # what the newcomer asks for
@@ -148,15 +148,7 @@ def start(side: str, a: argparse.Namespace, model: str, llama_server: str | None
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(agents), "-c", str(agents * a.ctx),
                "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", *engine_buffer_flags(), "--no-webui",
                *batch]
-    env = dict(os.environ, SWARMTUNE_CHECK="0")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, url
+    return launch(cmd, port)
 
 
 def spread(xs: list[float]) -> str:
@@ -183,7 +175,8 @@ def main() -> int:
     vocab = Llama(model_path=model, vocab_only=True, verbose=False)
     train_ctx = int(vocab.metadata.get("llama.context_length", a.prompt_tokens + 1024))
     tokens = min(a.prompt_tokens, train_ctx - NEWCOMER_TOKENS - TEMPLATE_ROOM)
-    a.ctx = train_ctx if tokens < a.prompt_tokens else a.prompt_tokens + NEWCOMER_TOKENS + TEMPLATE_ROOM
+    # a conversation's context: the newcomer's prompt and reply, and no less than the decoders' turns need
+    a.ctx = train_ctx if tokens < a.prompt_tokens else max(1024, a.prompt_tokens + NEWCOMER_TOKENS + TEMPLATE_ROOM)
     def tokenize(text: str) -> list[int]:
         return vocab.tokenize(text.encode(), add_bos=False)
     llama_server = a.llama_server or (build_tool("llama-server") if any(s.startswith("llama") for s in a.sides)

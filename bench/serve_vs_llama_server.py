@@ -160,8 +160,13 @@ def start(name: str, a: argparse.Namespace, model: str, llama_server: str) -> tu
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(a.agents), "-c", str(a.agents * a.ctx),
                "-ctk", a.kv, "-ctv", a.kv, "-t", str(a.threads), "-fa", "on", *engine_buffer_flags(), "--no-webui",
                "-b", str(BATCH), "-ub", str(BATCH)]
-    env = dict(os.environ, SWARMTUNE_CHECK="0")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return launch(cmd, port)
+
+
+def launch(cmd: list[str], port: int) -> tuple[subprocess.Popen, str]:
+    """A server started from cmd on port (its output dropped, the cache check off), once it answers."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, SWARMTUNE_CHECK="0"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

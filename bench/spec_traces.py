@@ -15,7 +15,6 @@ time to first token printed apart).
 """
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from llama_tools import engine_buffer_flags  # noqa: E402
-from serve_vs_llama_server import free_port, stop, wait_ready  # noqa: E402
+from serve_vs_llama_server import free_port, launch, stop  # noqa: E402
 
 from tests.agent_traces import TraceTurn, aider, opencode  # noqa: E402
 
@@ -142,15 +141,7 @@ def start(side: str, batch: int, ctx: int, threads: int, model: str,
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(batch), "-c", str(batch * ctx),
                "-t", str(threads), "-fa", "on", *engine_buffer_flags(), "--no-webui", "-b", "256", "-ub", "256",
                "--spec-type", spec, "--spec-draft-n-max", "8"]
-    env = dict(os.environ, SWARMTUNE_CHECK="0")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, url
+    return launch(cmd, port)
 
 
 def run_side(side: str, trace_name: str, batch: int, turns: int, max_tokens: int, ctx: int, threads: int,
