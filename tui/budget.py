@@ -39,6 +39,7 @@ class BudgetForecast:
             eta = ""
         else:
             eta = f", in ~{when / 60:.1f} min" if when >= 90 else f", in ~{when:.0f} s"
+            eta += " (forecast)"  # the place is the byte model's; the time, measured growth carried on
         return f"{self.kv} budget full at {self.full_at_context:,.0f}/agent{eta}"
 
 
