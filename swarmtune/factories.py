@@ -128,6 +128,18 @@ def tuner_goal(args: argparse.Namespace):
                 run_s=getattr(args, "duration", None), kv_quality=quality)
 
 
+def power_meter(args: argparse.Namespace, goal, profile):
+    """The power source --power names, checked against what the tuner's goal needs of it."""
+    from swarmtune.engine.measure.power.meter import ModeledMeter, make_meter
+
+    meter = make_meter(args.power, profile)
+    if (goal.objective == "joules_per_token" or goal.power_cap_watts) and not isinstance(meter, ModeledMeter):
+        why = meter.reason if meter.label is None else f"{meter.label} measures, but cannot forecast other settings"
+        raise UserError("the tuner forecasts power from a power model, which only the simulated profiles have "
+                        f"(--sim); here: {why}")
+    return meter
+
+
 def preview(args: argparse.Namespace) -> dict:
     """The run's preview header (engine/run_header.py), from the model file's header and the flags, with every
     flag checked as make_engine checks it: a bad one is refused before any screen is drawn. The simulated card
@@ -137,7 +149,7 @@ def preview(args: argparse.Namespace) -> dict:
     from swarmtune.engine.run_header import preview_header
 
     check_flags(args)
-    tuner_goal(args)
+    goal = tuner_goal(args)
     if args.sim and args.model:
         raise UserError("give --model or --sim, not both")
     if args.sim:
@@ -151,12 +163,12 @@ def preview(args: argparse.Namespace) -> dict:
         backend = SimpleNamespace(facts=facts)
     settings = engine_settings(args, backend)
     settings.validate(facts.n_ctx_train)
+    power_meter(args, goal, getattr(backend, "profile", None))  # a bad --power, said before the screen
     return preview_header(facts, settings, source, name)
 
 
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
-    from swarmtune.engine.measure.power.meter import ModeledMeter, make_meter
     from swarmtune.engine.tune import Tuner
 
     check_flags(args)
@@ -164,11 +176,7 @@ def make_engine(args: argparse.Namespace, progress=None):
     backend = make_backend(args)
     try:
         settings = engine_settings(args, backend)
-        meter = make_meter(args.power, getattr(backend, "profile", None))
-        if (goal.objective == "joules_per_token" or goal.power_cap_watts) and not isinstance(meter, ModeledMeter):
-            why = meter.reason if meter.label is None else f"{meter.label} measures, but cannot forecast other settings"
-            raise UserError("the tuner forecasts power from a power model, which only the simulated profiles have "
-                            f"(--sim); here: {why}")
+        meter = power_meter(args, goal, getattr(backend, "profile", None))
         agents = None
         if getattr(args, "clients", False):  # the agents are the HTTP clients' conversations
             from swarmtune.engine.agents.served import ServedAgents

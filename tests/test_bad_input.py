@@ -76,3 +76,13 @@ def test_one_message_wherever_a_bad_value_comes_from(sim_engine, tmp_path):
         sim_engine.request(Control(agents=300))
     assert flag.stderr.strip() == f"swarmtune: {typed.value}"
     assert typed.value.field == "agents"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--power", "bogus"], "unknown power source 'bogus'"),
+    (["--autotune", "joules_per_token"], "the tuner forecasts power from a power model"),
+    (["--ctx", "100"], "cannot hold one agent turn"),
+])
+def test_the_dashboard_refuses_bad_flags_before_its_screen(tmp_path, args, needle):
+    """`swarmtune run` builds its engine behind the screen: every flag is still checked first, in one line."""
+    _check(run_cli("run", *args), needle, tmp_path)

@@ -156,8 +156,8 @@ class SwarmApp(App):
         self._sink = sink
         try:
             self.source.run(sink, cancelled=lambda: worker.is_cancelled)
-        except Exception as e:  # shown on screen, never a traceback
-            self.post_message(EngineFailed(f"{type(e).__name__}: {e}"))
+        except Exception as e:  # shown on screen, never a traceback; the engine's own refusals in its words
+            self.post_message(EngineFailed(str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         finally:
             self.engine_stopped.set()
 
