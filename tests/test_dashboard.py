@@ -339,7 +339,8 @@ async def test_the_screen_is_drawn_before_the_engine_is_built_and_early_keys_app
 def test_the_budget_forecast_says_where_and_when_the_kv_budget_fills():
     """Issue 54's marker: the context per agent at which the resident histories fill the KV budget at the
     setting in force (the byte model's, exactly the engine's figure), and when at the measured growth; made
-    early, it names a time near when the swarm first has to preempt."""
+    early, it names a time within a quarter of when the swarm first has to preempt (the sim is seeded: 29.9 s
+    forecast, 29.0 s found)."""
     from swarmtune.tui.stats import Stats
 
     p = profile(SIM)
@@ -362,5 +363,5 @@ def test_the_budget_forecast_says_where_and_when_the_kv_budget_fills():
     assert f.full_at_context == pytest.approx(f.budget_tokens / 8)
     assert f.growth_tokens_per_s is not None and f.growth_tokens_per_s > 0
     bound_after = r.t - t0
-    assert 0.5 * bound_after <= f.seconds_left <= 2.0 * bound_after, (f.seconds_left, bound_after)
+    assert 0.75 * bound_after <= f.seconds_left <= 1.33 * bound_after, (f.seconds_left, bound_after)
     assert "budget full at" in f.text()

@@ -4,7 +4,6 @@ growth as measured over the recent steps. Shown where the user decides: the spee
 agent reaches when the budget fills, and its legend says when that comes at the measured growth (the time is
 a forecast from measured growth; the place is exact)."""
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -73,9 +72,7 @@ class BudgetWatch:
                                   swa_slack_tokens=int(s.get("chunk_tokens") or 0))
         holding = [a for a in r.agents if a.residency == "cache" and a.state != "preempted"] or r.agents
         now = resident(r)
-        per_agent = budget / len(holding)
-        return BudgetForecast(r.kv_type, budget, now, per_agent if math.isfinite(per_agent) else 0.0,
-                              self.growth_tokens_per_s())
+        return BudgetForecast(r.kv_type, budget, now, budget / len(holding), self.growth_tokens_per_s())
 
 
 def resident(r: StepRecord) -> int:
