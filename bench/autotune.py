@@ -38,6 +38,7 @@ changing workload's line before them. --figure writes the objective over time (t
 import argparse
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -58,6 +59,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
+from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune import Goal, Tuner
 
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=480.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
@@ -144,13 +146,7 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
     finished its turns (run_s: what the tuner is told such a run lasts; make_tuner: bench/tuner_cost.py's
     tuners that do less)."""
     backend = make_backend()
-    budget = w.get("kv_budget_mb")
-    p = getattr(backend, "profile", None)
-    s = EngineSettings(agents=w["agents"], batch_cap=cap, kv=KVSetting.parse(kv), residency=residency, seed=seed,
-                       gen_tokens=w["gen_tokens"], tool_tokens=w["tool_tokens"],
-                       ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
-                       kv_budget_bytes=budget * 1e6 if budget else (p.kv_budget_bytes if p else None),
-                       tool_latency_s=w["tool_latency_s"], check=False)
+    s = settings_for(backend, w, cap, kv, residency, seed)
     # the run's length is known here: the tuner plans for what is left of it
     told_s = run_s or w["seconds"]
     tuner = make_tuner(Goal(allowed_kv=tuple(KVSetting.parse(k) for k in w["kvs"]), run_s=told_s)) if tuned else None
@@ -158,10 +154,12 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
     e = Engine(backend, s, tuner=tuner, autotune=tuned, agents=phased)
     e.start()
     tokens, series, decisions = 0, [], []
+    churn = Churn()
     next_mark = 0.0
     limit_s = 3 * told_s if phased else w["seconds"]
     while e.now_s() < limit_s and not (phased and phased.finished()):
         r = e.step()
+        churn.add(r, e.step_index)
         if r.kind == "decode":
             tokens += r.tokens
         if r.kind == "tune" and r.tune is not None:
@@ -178,9 +176,64 @@ def run(make_backend, w: dict, cap: int, kv: str, residency: str, tuned: bool, s
            "seconds": e.now_s(), "tokens_per_s": tokens / e.now_s(), "series": series, "decisions": decisions,
            "turns": None if phased is None else sum(phased.done.values()),
            "final": {"cap": e.s.batch_cap, "kv": e.s.kv.label, "residency": e.s.residency},
-           "cost": None if cost is None else cost.to_json()}
+           "cost": None if cost is None else cost.to_json(), "churn": churn.to_json()}
     e.meter.close()  # the backend stays open: the next run of this workload opens its cache again
     return out
+
+
+def settings_for(backend: Backend, w: dict, cap: int, kv: str, residency: str, seed: int,
+                 budget_bytes: float | None = None) -> EngineSettings:
+    """A run's settings: the workload's shape, its KV budget (kv_budget_mb; else the sim profile's card's;
+    budget_bytes: this one, a calibration's `math.inf` for none)."""
+    budget = w.get("kv_budget_mb")
+    p = getattr(backend, "profile", None)
+    if budget_bytes is None:
+        budget_bytes = budget * 1e6 if budget else (p.kv_budget_bytes if p else None)
+    return EngineSettings(agents=w["agents"], batch_cap=cap, kv=KVSetting.parse(kv), residency=residency, seed=seed,
+                          gen_tokens=w["gen_tokens"], tool_tokens=w["tool_tokens"],
+                          ctx_per_agent=w.get("ctx") or (p.context_per_agent if p else 2048),
+                          kv_budget_bytes=None if budget_bytes == math.inf else budget_bytes,
+                          tool_latency_s=w["tool_latency_s"], check=False)
+
+
+class Churn:
+    """What the KV budget cost a run: the first step it bound (an agent preempted, or a swapped history
+    refused its way back), the agents preempted, the histories swapped out and in, and the tokens
+    prefilled again because a history lost its cells (preempted, dropped at a tool, refused or evicted from
+    host memory: each counted at the context it held); a KV switch's rebuild apart (the tuner's own cost)."""
+
+    LOST = ("drop", "swap_in_refused", "swap_evicted")
+
+    def __init__(self) -> None:
+        self.binds: tuple[int, float] | None = None  # (step, t)
+        self.preempted = self.swaps = self.reprefilled = self.rebuilt = 0
+        self._cached: dict[int, int] = {}  # agent -> the context its cells held at the last record
+
+    def add(self, r: StepRecord, step: int) -> None:
+        lost = list(r.preempted) + [m.agent for m in r.moved if m.op in self.LOST]
+        refused = any(m.op in ("swap_in_refused", "swap_evicted") for m in r.moved)
+        if self.binds is None and (r.preempted or refused):
+            self.binds = (step, r.t)
+        self.preempted += len(r.preempted)
+        self.swaps += sum(m.op in ("swap_out", "swap_in") for m in r.moved)
+        self.reprefilled += sum(self._cached.pop(i, 0) for i in lost)
+        if r.kind == "rebuild":
+            self.rebuilt += r.tokens
+        for a in r.agents:
+            if a.residency == "cache" and a.state != "preempted":
+                self._cached[a.id] = a.context
+
+    def to_json(self) -> dict:
+        return {"binds_step": None if self.binds is None else self.binds[0],
+                "binds_t": None if self.binds is None else round(self.binds[1], 1), "preempted": self.preempted,
+                "swaps": self.swaps, "reprefilled": self.reprefilled, "rebuilt": self.rebuilt}
+
+
+def churn_text(c: dict) -> str:
+    binds = "never binds" if c["binds_step"] is None else f"binds at step {c['binds_step']} ({c['binds_t']:.0f} s)"
+    rebuilt = f", {c['rebuilt']:,} rebuilt by KV switches" if c["rebuilt"] else ""
+    return (f"budget {binds}; {c['preempted']} preempted, {c['swaps']} swaps, {c['reprefilled']:,} tokens "
+            f"re-prefilled{rebuilt}")
 
 
 def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
@@ -189,7 +242,8 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
     often. The best static setting is picked on its mean, as the tuner is judged on its own."""
     t0 = time.perf_counter()
     start = (w["agents"], "f16", "keep")
-    settings = [start] + [g for g in itertools.product(w["caps"], w["kvs"], w["residencies"]) if g != start]
+    grid = list(itertools.product(w["caps"], w["kvs"], w["residencies"])) + list(w.get("extra", ()))
+    settings = [start] + [g for g in grid if g != start]
     # the tuner runs second, between static runs: each setting's runs sit at the same mean position over the
     # passes, and the tuner's runs are never back to back
     order = [(settings[0], False), (settings[0], True)] + [(g, False) for g in settings[1:]]
@@ -209,7 +263,7 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
         work = f", {r['turns']} turns" if r["turns"] is not None else ""
         draw = f", seed {seeds[k]}" if source == "simulated" else ""
         print(f"[{name}]   pass {k + 1}{draw}: {what}: {r['tokens_per_s']:.2f} tok/s ({r['tokens']} tokens in "
-              f"{r['seconds']:.1f} s{work}; {source})", flush=True)
+              f"{r['seconds']:.1f} s{work}; {source}); {churn_text(r['churn'])}", flush=True)
 
     for k in range(passes):
         for (cap, kv, res), tuned in (order if k % 2 == 0 else order[::-1]):
@@ -258,7 +312,9 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
           f"{tuned['tokens_per_s']:.2f}{figs(tuned)} tok/s ({source}); tuner / best static {ratio:.3f}"
           f"{spread(ratio_runs)}, tuner / start {vs_start:.3f}{spread(start_runs)}; "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return {"name": name, "source": source, "default": default, "grid": grid, "best": best,
+    churn = {("tuner" if key[3] else f"cap {key[0]}, {key[1]}, {key[2]}"): [r["churn"] for r in rs]
+             for key, rs in runs.items()}
+    return {"name": name, "source": source, "default": default, "grid": grid, "best": best, "churn": churn,
             "best_mean": best["tokens_per_s"], "tuned": tuned, "ratio": ratio, "vs_start": vs_start,
             "ratio_runs": ratio_runs, "vs_start_runs": start_runs, "verdicts": counts, "reverted": reverted}
 
@@ -332,6 +388,86 @@ def real_condition(c: dict, build: str) -> dict:
         backend.close()
 
 
+# a swarm that fills its KV budget about halfway through the run (issue 54): every setting fits at first,
+# then f16 stops fitting while q8_0 (half the bytes) and swap at a lower cap still fit. Sized on the machine
+# it runs on: a calibration run at the tuner's start (cap 8, f16, keep) without a budget measures how fast
+# the resident histories grow; the real model's budget is what they hold at half the run (the byte model's
+# bytes per token), and the simulated card keeps its own budget (the seed's 55,000 tokens) and runs twice as
+# long as they take to fill it. Contexts long enough that no agent starts over inside a run.
+FILLING_REAL = dict(REAL, ctx=8192, kv_budget_mb=None, residencies=("keep", "swap"), extra=[(4, "f16", "swap")])
+FILLING_SIM = dict(SIM, profile="rx9070xt-qwen3.5-9b")
+
+
+def calibrate(make_backend, w: dict, seed: int, seconds: float, until_tokens: int | None = None) -> tuple[float, int]:
+    """The start setting without a KV budget for `seconds` of the engine's clock, or until the resident
+    histories hold until_tokens: (when it stopped, what they held then)."""
+    backend = make_backend()
+    e = Engine(backend, settings_for(backend, w, w["agents"], "f16", "keep", seed, budget_bytes=math.inf))
+    e.start()
+    held = 0
+    while e.now_s() < seconds and (until_tokens is None or held < until_tokens):
+        r = e.step()
+        held = sum(a.context for a in r.agents if a.residency == "cache" and a.state != "preempted")
+    t = e.now_s()
+    e.meter.close()
+    return t, held
+
+
+def filling_summary(res: dict) -> None:
+    name = res["name"]
+    for side, cs in res["churn"].items():
+        binds = [c["binds_t"] for c in cs]
+        first = "never" if all(b is None for b in binds) else ", ".join(
+            "-" if b is None else f"{b:.0f} s" for b in binds)
+        n = len(cs)
+        print(f"[{name}] churn, {side}: binds at {first}; per run {sum(c['preempted'] for c in cs) / n:.1f} "
+              f"preempted, {sum(c['swaps'] for c in cs) / n:.1f} swaps, "
+              f"{sum(c['reprefilled'] for c in cs) / n:,.0f} tokens re-prefilled"
+              + (f", {sum(c['rebuilt'] for c in cs) / n:,.0f} rebuilt by KV switches" if any(c["rebuilt"] for c in cs)
+                 else ""), flush=True)
+
+
+def filling_sim() -> dict:
+    p = profile(FILLING_SIM["profile"])
+    bm = p.bytes_model
+    budget_tokens = bm.budget_tokens(p.kv_budget_bytes, KVSetting.parse("f16"), FILLING_SIM["agents"],
+                                     p.context_per_agent)
+    t, held = calibrate(lambda: SimBackend(p), FILLING_SIM, 1, FILLING_SIM["seconds"], until_tokens=budget_tokens)
+    w = dict(FILLING_SIM, seconds=round(2 * t))
+    print(f"[budget-filling, sim] the {budget_tokens:,}-token f16 budget filled {t:.0f} s in (calibration at the "
+          f"start, no budget: {held:,} tokens resident; simulated): each run lasts {w['seconds']} s", flush=True)
+    seeds = ", ".join(str(1 + 10 * k) for k in range(DRAWS))
+    res = workload(f"budget-filling, sim {p.name}, {budget_tokens:,} f16 tokens, seeds {seeds}",
+                   lambda: SimBackend(p), w, 1, "simulated")
+    filling_summary(res)
+    return res
+
+
+def filling_real(threads: int = 2, seed: int = 1) -> dict:
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.model.default_model import default_model_path
+    from swarmtune.engine.model.model_facts import read_model_facts
+
+    facts = read_model_facts(default_model_path())
+    backend = LlamaBackend(facts, n_threads=threads)
+    try:
+        w = FILLING_REAL
+        t, held = calibrate(lambda: backend, w, seed, w["seconds"] / 2)
+        per_token = facts.bytes_model.kv_bytes_per_token(KVSetting.parse("f16"), windowed=False)
+        mb = held * per_token / 1e6
+        w = dict(w, kv_budget_mb=mb)
+        q8 = facts.bytes_model.budget_tokens(mb * 1e6, KVSetting.parse("q8_0"), int(w["agents"]), int(w["ctx"]))
+        print(f"[budget-filling, default model] the resident histories held {held:,} tokens {t:.0f} s in "
+              f"(calibration at the start, no budget; measured): budget {mb:.1f} MB, which holds {held:,} tokens at "
+              f"f16 and {q8:,} at q8_0 (the byte model)", flush=True)
+        res = workload(f"budget-filling, default model, {threads} threads, seed {seed}, budget {mb:.0f} MB",
+                       lambda: backend, w, seed, "measured")
+        filling_summary(res)
+        return res
+    finally:
+        backend.close()
+
+
 def summary(r: dict) -> dict:
     keys = ("name", "source", "ratio", "vs_start", "ratio_runs", "vs_start_runs", "verdicts", "reverted", "best_mean")
     return {k: r[k] for k in keys} | {
@@ -341,7 +477,9 @@ def summary(r: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("sim", "real"), default=None)
+    ap.add_argument("--only", choices=("sim", "real", "filling"), default=None,
+                    help="the simulated conditions, the real model's, or the budget-filling workload's two")
+    ap.add_argument("--no-filling", action="store_true", help="leave out the budget-filling workload")
     ap.add_argument("--no-misstated", action="store_true", help="leave out the mis-stated simulated cards")
     ap.add_argument("--figure", type=Path, default=None, help="write the objective over time as a PNG")
     ap.add_argument("--json", type=Path, default=None, help="write every condition's figures as JSON")
@@ -367,6 +505,9 @@ def main() -> None:
     a.changing = not a.no_changing and a.only in (None, "real")
     if a.only_changing:
         a.only, a.real, a.changing = "real", 0, True
+    filling = []
+    if a.only in (None, "filling") and not a.no_filling:
+        filling = [filling_sim(), filling_real()]
     if a.only in (None, "sim"):
         # simulated seconds do not depend on the wall clock: the sim conditions share the cores, two at a
         # time, before any real one runs alone
@@ -400,7 +541,7 @@ def main() -> None:
             backend.close()
     if a.figure:
         figure([r for r in results if "tuned" in r][:2] + ([changing] if changing else []), a.figure)
-    flat = [summary(r) if "tuned" in r else r for r in results]
+    flat = [summary(r) if "tuned" in r else r for r in results + filling]
     if a.json:
         a.json.write_text(json.dumps(flat + ([summary(changing)] if changing else []), indent=1), encoding="utf-8")
     every = flat + ([summary(changing)] if changing is not None else [])
@@ -412,6 +553,10 @@ def main() -> None:
               f"{spread(r['vs_start_runs'])} | {v['agrees']} | {v['disagrees']} | {v['none']} | {r['reverted']}")
     totals = {k: sum(r["verdicts"][k] for r in every) for k in ("agrees", "disagrees", "none")}
     print(f"outcomes: {totals['agrees']} agree, {totals['disagrees']} disagree, {totals['none']} without a verdict")
+    for r in filling:
+        print(f"budget-filling: {r['ratio']:.3f}{spread(r['ratio_runs'])} of best static (cap {r['best']['cap']}, "
+              f"{r['best']['kv']}, {r['best']['residency']}), {r['vs_start']:.3f}{spread(r['vs_start_runs'])} of "
+              f"start ({r['name']}; {r['source']})")
     if changing is not None:
         print(f"changing workload: tuner / best static {changing['ratio']:.3f}{spread(changing['ratio_runs'])}, "
               f"tuner / start {changing['vs_start']:.3f}{spread(changing['vs_start_runs'])}")
