@@ -87,6 +87,7 @@ class BatchRunner:
         if a.waiting:  # a waiting agent keeps waiting; its history is prefilled on return
             self.parking.drop(a)
             return
+        self.moves.lose(a)
         self.backend.drop(a.seq)
         a.preempted()
 

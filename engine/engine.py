@@ -164,9 +164,8 @@ class Engine:
 
     def set_workload(self, gen_tokens: int | None = None, tool_tokens: int | None = None,
                      tool_latency_s: float | None = None) -> None:
-        """The synthetic swarm's turns change shape from the next turn on (a bench's phases: agents that
-        read large tool results, then write long answers). A forecast made after it sees the new shape,
-        as it would see a real swarm's present traffic."""
+        """The synthetic swarm's turns change shape from the next turn on (a bench's phases: reading large
+        tool results, then writing long answers): a forecast made after it sees the new shape."""
         for name, value in (("gen_tokens", gen_tokens), ("tool_tokens", tool_tokens),
                             ("tool_latency_s", tool_latency_s)):
             if value is not None:
@@ -326,7 +325,8 @@ class Engine:
                                    ran.note, moved, self.agents, self.meter, self._step_t0)
         rec.reference, rec.converted_tokens, rec.drafts, rec.drafted, rec.accepted, rec.prefill_tokens = (
             ran.reference, ran.converted_tokens, ran.drafts, ran.drafted, ran.accepted, ran.prefill_tokens)
-        rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
+        rec.refused_kv, rec.lost_tokens = (None if ran.refused_kv is None else ran.refused_kv.label,
+                                           self.moves.take_lost())
         self.step_index += 1
         return rec
 

@@ -180,6 +180,10 @@ class StepRecord:
     # served requests that ended in this step, their latency apart (the request records, written beside the
     # steps, hold the whole account): what the dashboard's percentiles fold, wherever it reads the steps from
     ended: list[RequestLatency] = field(default_factory=list)
+    # tokens of cache histories lost in this step, to be prefilled again: preempted, dropped at a tool, refused
+    # their way back from host memory or evicted from it (a KV switch's rebuild apart: `tokens` of kind
+    # "rebuild"). The churn a KV budget causes, which a forecast's tally counts (left out of a line where 0)
+    lost_tokens: int = 0
     type: str = "step"
 
     @property
@@ -201,6 +205,8 @@ class StepRecord:
         d["tune"] = None if self.tune is None else self.tune.to_json()
         if not self.ended:
             del d["ended"]  # most steps end no request: a line costs what changed
+        if not self.lost_tokens:
+            del d["lost_tokens"]
         if gone:
             d["agents_gone"] = gone
         return dumps(d)

@@ -14,10 +14,20 @@ class MoveLog:
     def __init__(self, cost_source: str) -> None:
         self.cost_source = cost_source
         self._moves: list[Move] = []
+        self._lost_tokens = 0  # cells histories lost since the last record (preempted, dropped, refused)
 
     def add(self, a: Agent, op: str, nbytes: float, seconds: float, cells: int = 0,
             source: str | None = None) -> None:
         self._moves.append(Move(a.id, op, int(nbytes), seconds, source or self.cost_source, cells))
+
+    def lose(self, a: Agent) -> None:
+        """a's cells are about to go for good: what it held is prefilled again when it runs next."""
+        self._lost_tokens += a.context
+
+    def take_lost(self) -> int:
+        """The tokens histories lost since the last take, for the record being made."""
+        lost, self._lost_tokens = self._lost_tokens, 0
+        return lost
 
     def take(self) -> list[Move]:
         """Every move since the last take, for the record being made."""
@@ -57,6 +67,7 @@ class Parking:
 
     def drop(self, a: Agent) -> None:
         """a's cells go (its history is prefilled again when it runs next)."""
+        self.moves.lose(a)
         self.backend.drop(a.seq)
         self.moves.add(a, "drop", self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0,
                        source="modeled")
@@ -73,6 +84,7 @@ class Parking:
             a.swapped_in()
         except NoKVSlot:
             self.moves.add(a, "swap_in_refused", 0, 0.0)
+            self.moves.lose(a)
             a.evict()
 
     def _bound_swapped(self, agents: list[Agent]) -> None:
@@ -86,4 +98,5 @@ class Parking:
             a = swapped.pop(0)
             total -= getattr(a.swapped, "nbytes", 0)
             self.moves.add(a, "swap_evicted", getattr(a.swapped, "nbytes", 0), 0.0)
+            self.moves.lose(a)
             a.evict()

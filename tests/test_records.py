@@ -97,6 +97,8 @@ def test_a_step_line_reads_back_as_what_asdict_held(sim_engine):
         old["tune"] = None if r.tune is None else r.tune.to_json()
         if not r.ended:
             del old["ended"]  # left out where no request ended: it reads back as the empty list
+        if not r.lost_tokens:
+            del old["lost_tokens"]  # left out where no history lost its cells: it reads back as 0
         assert json.loads(r.to_json()) == json.loads(json.dumps(old))
         seen += bool(r.agents)
     assert seen > 100

@@ -29,8 +29,8 @@ class _Model:
 
 
 def _rec(t: float, kv: KVSetting, seconds: float, tokens: int = 8):
-    return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, tokens=tokens, batch=8,
-                           batch_ids=list(range(8)), agents=[], mean_context=100.0, kv_type=kv.label, kv=kv,
+    return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, lost_tokens=0, tokens=tokens,
+                           batch=8, batch_ids=list(range(8)), agents=[], mean_context=100.0, kv_type=kv.label, kv=kv,
                            joules=None, watts=None)
 
 

@@ -261,7 +261,7 @@ def test_a_residency_experiments_blocks_last_at_least_a_tool_wait():
 
 
 def _step(t: float, tokens: int = 4, seconds: float = 1.0):
-    return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, tokens=tokens,
+    return SimpleNamespace(t=t, kind="decode", seconds=seconds, residency_seconds=0.0, lost_tokens=0, tokens=tokens,
                            batch_ids=[0], joules=None, watts=None)
 
 

@@ -16,10 +16,14 @@ class Tally:
     joules_known: bool = True
     watt_seconds: float = 0.0
     per_agent: dict[int, int] | None = None
+    # tokens prefilled again because a history lost its cells (preempted, dropped at a tool, refused its way
+    # back from host memory): the churn a KV budget causes
+    reprefilled: int = 0
 
     def add(self, r: StepRecord) -> None:
         if r.kind == "tune":
             return
+        self.reprefilled += r.lost_tokens
         span = r.seconds + r.residency_seconds
         self.seconds += span
         if r.kind == "decode":
