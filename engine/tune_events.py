@@ -55,7 +55,7 @@ class TuneEvent:
 def _settings(d: dict[str, Any]) -> dict[str, Any]:
     """A record's JSON with its settings as Settings and "from" as from_."""
     out = {("from_" if k == "from" else k): v for k, v in d.items() if k != "phase"}
-    for k in ("from_", "to"):
+    for k in ("from_", "to", "weighing"):
         if isinstance(out.get(k), dict):
             out[k] = Setting.from_dict(out[k])
     if isinstance(out.get("kv"), str):  # a quality check's setting
@@ -285,9 +285,35 @@ class QualityChecked(TuneEvent):
     source: str = "measured: teacher-forced against an f16/f16 side context"
 
 
+@dataclass
+class Foreseen(TuneEvent):
+    """The KV budget's outlook at a look (engine/tune/budget_outlook.py): when it binds at the setting in force
+    (the place the byte model's, exact; the time a forecast from the resident histories' measured growth),
+    what staying will re-prefill, and each way out weighed against it over the forecast's horizon (modeled),
+    with its quality where the live check measured it; `weighing`: the one the tuner tries; `ruled_out`: what
+    the quality budget excludes."""
+
+    phase: ClassVar[str] = "budget"
+    omit_none: ClassVar[frozenset[str]] = frozenset({"weighing", "ruled_out", "binds_in_s", "growth_tokens_per_s"})
+    kv: KVSetting
+    budget_tokens: int
+    resident_tokens: int
+    full_at_context: float
+    growth_tokens_per_s: float | None
+    binds_in_s: float | None
+    horizon_s: float
+    staying_reprefilled: int
+    # per way out: {"to": a setting, "gain": the objective's over staying, "reprefilled": tokens, "mean_kl"}
+    ways: list[dict[str, Any]]
+    why: str
+    weighing: Setting | None = None
+    ruled_out: str | None = None
+    source: str = "budget and bytes per token exact; growth measured; gains and re-prefills forecast (modeled)"
+
+
 EVENTS: dict[str, type[TuneEvent]] = {c.phase: c for c in (Decision, Outcome, Held, Confirmed, Reverted,
                                                             RevertRefused, Probed, Trial, Experimented, Spent,
-                                                            QualityChecked)}
+                                                            QualityChecked, Foreseen)}
 
 
 def event_from_json(d: dict[str, Any]) -> TuneEvent:

@@ -6,11 +6,11 @@ the calibrated simulator on them), `shadow.py` (the live engine's shadow on a si
 `Engine.snapshot`, which every forecast runs), `forecast.py` (the swarm run forward under a setting; the
 thinking it costs), `outcome.py` (forecasts of staying checked against what came: the stated error),
 `propose.py` (the neighbours, and which one is worth an experiment), `verdict.py` (an experiment's verdicts
-after each pair), `report.py` (what its end says), `trials.py` (its moves, and the experiment under way to
-its end), `quality_guard.py` (the quality budget's move back to f16) and `tuner.py` (the wiring: what the
-engine calls after every record). It sees the engine through `EngineView` (engine/engine_view.py): read-
-only, and it changes the engine only through `request`, as a person would; it learns from the records it is
-shown (a refused KV type among them)."""
+after each pair), `report.py` (what its end says), `trials.py` (its moves, and the experiment under way to its
+end), `quality_guard.py` (the quality budget's move back to f16), `budget_outlook.py` (when the KV budget
+binds, and the ways out a look weighed) and `tuner.py` (the wiring: what the engine calls after every record).
+It sees the engine through `EngineView` (engine/engine_view.py): read-only, and it changes the engine only
+through `request`, as a person would; it learns from the records it is shown (a refused KV type among them)."""
 
 from swarmtune.engine.tune.goal import OBJECTIVES, Goal, Setting, parse_objective
 from swarmtune.engine.tune.tally import SpanTally, Tally

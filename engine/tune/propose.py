@@ -8,9 +8,11 @@ from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.measure.budget_fill import ResidentGrowth
 from swarmtune.engine.quality.quality_check import QualityLedger
 from swarmtune.engine.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
+from swarmtune.engine.tune.budget_outlook import BudgetOutlook, outlook, quality_ruled_out
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.forecast import Forecaster, Runs, gain
 from swarmtune.engine.tune.goal import Goal, Setting
@@ -39,6 +41,9 @@ class Proposer:
         self.judge = judge  # how long a block may be
         # settings an experiment did not keep, or replaced: the mean context, KV budget and turns' shape then
         self.tried: dict[Setting, tuple[float, float | None, tuple[int, int]]] = {}
+        # the last candidates' KV types the quality budget excluded, and their mean KL (None: not measured)
+        self.excluded: dict[KVSetting, float | None] = {}
+        self.outlook: BudgetOutlook | None = None  # the KV budget's, at the last proposal
 
     def candidates(self, engine: EngineView, cur: Setting) -> list[Setting]:
         n = len(engine.agents)
@@ -50,11 +55,14 @@ class Proposer:
         out = [c for c in out if c.kv not in self.fc.measured.refused]
         ctx = [a.context for a in engine.agents]
         mean_ctx = mean_context(ctx)
+        self.excluded = {}
         if self.goal.kv_quality is not None and (ledger := quality_ledger(engine)) is not None:
             # under a quality budget only a setting measured within it at these contexts (the longest
             # history's band, where the check measures and where a KV type errs most)
             longest = max((len(a.history) for a in engine.agents), default=0)
-            out = [c for c in out if c.kv == cur.kv or ledger.within(c.kv, longest, self.goal.kv_quality)]
+            self.excluded = {c.kv: ledger.mean_kl(c.kv, longest) for c in out
+                             if c.kv != cur.kv and not ledger.within(c.kv, longest, self.goal.kv_quality)}
+            out = [c for c in out if c.kv not in self.excluded]
         out = [c for c in out if not self._retry_blocked(engine, c, mean_ctx)]
         if engine.s.kv_budget_bytes is not None:  # a type whose budget cannot hold one agent is no candidate
             out = [c for c in out if engine.budget_tokens(c.kv) >= min_context(engine.s)]
@@ -66,16 +74,20 @@ class Proposer:
                          turn_shape(engine))
 
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool, explored_s: float,
-                steps_at_cur: list[StepRecord], probe_pending: bool = False) -> tuple[Experiment, Trial] | None:
+                steps_at_cur: list[StepRecord], probe_pending: bool = False,
+                growth: ResidentGrowth | None = None) -> tuple[Experiment, Trial] | None:
         """The neighbour the forecasts rank best, as an experiment and its record; None where none is worth
         one. kv_only: only the KV types; explored_s: what exploratory experiments (and probes) took so far;
         probe_pending: a probe by conversion is still to come (no exploration before it); steps_at_cur: the
-        incumbent's last steps, whose noise the experiment starts with."""
+        incumbent's last steps, whose noise the experiment starts with; growth: the resident histories' (the
+        KV budget's outlook, `self.outlook`, is weighed where one is given)."""
         n = len(engine.agents)
         now = engine.now_s()
         mean_ctx = mean_context([a.context for a in engine.agents])
         candidates = [c for c in self.candidates(engine, cur) if not kv_only or c.kv != cur.kv]
         forecasts = {c: f for c in candidates if (f := self.fc.forecast(engine, c)) is not None}
+        horizon = self.fc.horizon_at(now)
+        self.outlook = None if growth is None else self._outlook(engine, cur, base, forecasts, growth, horizon)
         if not forecasts:
             return None
 
@@ -88,7 +100,6 @@ class Proposer:
         if not ranked:
             return None
         g, best = ranked[0]
-        horizon = self.fc.horizon_at(now)
         span = len(self.fc.spans_for(horizon)) - 1
         error = self.checks.forecast_error(span, self.goal.prior_error)
         per_seed = [gain(h[-1].score(self.goal, n), b[-1].score(self.goal, n))
@@ -135,7 +146,8 @@ class Proposer:
                        max_pairs=max_pairs, bar=bar, forecast_gain=g, forecast_error=error,
                        exploratory=exploratory, model=None if sim is None else SimStepCost(sim))
         noise = x.measure_noise(steps_at_cur)
-        why = (f"tune trial: {what(cur, best)}: forecast {g:+.1%} {self.goal.objective} over {horizon:.0f} s "
+        budget = f"{self.outlook.head()}; " if self.outlook is not None and self.outlook.binds() else ""
+        why = (budget + f"tune trial: {what(cur, best)}: forecast {g:+.1%} {self.goal.objective} over {horizon:.0f} s "
                "(modeled), "
                + ("on a KV type never timed here: an experiment" if untimed else
                   f"within its error ±{error:.0%}: an experiment" if exploratory
@@ -157,6 +169,16 @@ class Proposer:
                         explored_s=None if explore is None else round(explore[0], 3),
                         explore_least_s=None if explore is None else round(explore[1], 3),
                         explore_budget_s=None if explore is None else round(explore[2], 3))
+
+    def _outlook(self, engine: EngineView, cur: Setting, base: Runs, forecasts: dict[Setting, Runs],
+                 growth: ResidentGrowth, horizon_s: float) -> BudgetOutlook | None:
+        """The KV budget's outlook from this look's forecasts: staying's churn and each way out's."""
+        ledger = quality_ledger(engine)
+        longest = max((len(a.history) for a in engine.agents), default=0)
+        kl = {c.kv: ledger.mean_kl(c.kv, longest) if ledger is not None else None for c in forecasts}
+        allowed = [k for k in (self.goal.allowed_kv or ()) if k not in self.fc.measured.refused]
+        return outlook(engine, cur, base, forecasts, growth, self.goal, horizon_s, kl,
+                       quality_ruled_out(engine, cur, self.goal, self.excluded, allowed))
 
     def timed(self, engine: EngineView, kv: KVSetting) -> bool:
         """This machine's step times at a KV type are known: the sim's card states them; on a real backend a

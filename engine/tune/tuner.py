@@ -23,6 +23,7 @@ import time
 
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.measure.budget_fill import ResidentGrowth
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.experiment import MIN_PAIRS
@@ -49,6 +50,9 @@ class Tuner:
         self.measured = Measured()
         self.checks = ForecastChecks()  # its forecasts of staying, checked: its stated error
         self.cost = Spending()
+        self.growth = ResidentGrowth()  # the resident histories': when the KV budget binds (budget_outlook.py)
+        # what the last budget line said: said again only once it changes
+        self._foreseen: tuple[Setting, Setting | None, bool] | None = None
         self.forecaster = Forecaster(goal, self.measured, self.cost)
         self.judge = Judge(goal, self.forecaster)
         self.proposer = Proposer(goal, self.forecaster, self.checks, self.judge)
@@ -83,6 +87,7 @@ class Tuner:
         if self._epoch_start_s is None:
             self._epoch_start_s = now
         self.measured.learn(rec)
+        self.growth.add(rec)
         self.trials.account(rec)
         self._recent.add(rec, self.setting(engine))
         if not self._looked and engine.backend.source != "simulated" and self.goal.probes_pay():
@@ -151,6 +156,7 @@ class Tuner:
             fc = self.forecaster
             self.checks.add(fc.objectives(base), SpanTally(now, fc.spans_for(fc.horizon_at(now))), cur)
             trial = self.propose(engine, cur, base, kv_only)
+            out += self._budget_line(cur, trial)
             if trial is not None:
                 out.append(trial)
         self.forecaster.think(engine, t0, c0, self.cost.forecasts - forecasts_before)
@@ -160,6 +166,20 @@ class Tuner:
             fit = engine.analysis.fit(cur.kv)
             self._young_look = fit is None or fit.samples < MIN_OWN_FIT_SAMPLES
         return out
+
+    def _budget_line(self, cur: Setting, trial: Trial | None) -> list[TuneEvent]:
+        """Where the KV budget binds within the horizon at the setting in force: one line saying when, what
+        staying will re-prefill, each way out and what it costs, and which one the tuner weighs (the trial's);
+        said again only when the setting, the way weighed or the quality budget's exclusions change."""
+        o = self.proposer.outlook
+        if o is None or not o.binds():
+            return []
+        weighing = trial.to if trial is not None else None
+        key = (cur, weighing, o.ruled_out is not None)
+        if key == self._foreseen:
+            return []
+        self._foreseen = key
+        return [o.event(cur, self.goal.objective, weighing)]
 
     @staticmethod
     def setting(engine: EngineView) -> Setting:
@@ -186,7 +206,7 @@ class Tuner:
     def propose(self, engine: EngineView, cur: Setting, base: Runs, kv_only: bool) -> Trial | None:
         """An experiment, where the proposer finds one worth it: it starts with the next record."""
         proposed = self.proposer.propose(engine, cur, base, kv_only, self.trials.explored_s, self._recent.at(cur),
-                                         probe_pending=self._probe_pending(engine, cur))
+                                         probe_pending=self._probe_pending(engine, cur), growth=self.growth)
         if proposed is None:
             return None
         self.trials.exp, trial = proposed
