@@ -120,13 +120,13 @@ class Engine:
         return self.analysis.reference(self.s.kv)
 
     def start(self) -> None:
+        t0 = time.perf_counter()
         self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
-        self.analysis.context_opened()
+        self.analysis.context_opened(time.perf_counter() - t0)
         for i in range(self.s.agents):
             self._new_agent(i)
         self.clock.start()
-        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
-        self.run_id = uuid.uuid4().hex[:12]
+        self.started_at, self.run_id = datetime.now(UTC).isoformat(timespec="seconds"), uuid.uuid4().hex[:12]
         self.started = True
         if self.autotune and self.tuner is not None:
             # on the run's clock: what the tuner measures before the first step costs the swarm its time

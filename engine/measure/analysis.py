@@ -43,13 +43,17 @@ class StepAnalysis:
         self.chunks: dict[KVSetting, ChunkTimes] = {}  # per KV setting: the prefill chunks timed
         self._decodes = 0
         self._fresh_context = True
+        self.open_s: float | None = None  # what opening the run's context took (measured; None: not timed)
         # a tuner's forecast (engine/tune/) needs only when its batch-1 reference steps fall, not what each
         # step implies: the fits, speedups and energy a record carries cost a third of a forecast's time
         self.forecasting = False
 
-    def context_opened(self) -> None:
-        """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference."""
+    def context_opened(self, seconds: float | None = None) -> None:
+        """A new llama.cpp context: its first batch-1 step also builds that graph shape, so it is no reference.
+        seconds: what opening it took (measured, the run's first): a KV switch opens one the same size."""
         self._fresh_context = True
+        if seconds is not None:
+            self.open_s = seconds
 
     def fit(self, kv: KVSetting) -> Fit | None:
         """The step-time fit measured at this KV type, if any steps ran at it."""

@@ -32,7 +32,9 @@ MIN_OWN_FIT_SAMPLES = 32
 # a switch's seconds, before one was measured: cached bytes over this rate, twice (save and convert, restore).
 # Measured on a 2-core Xeon: 8 x 1,050 tokens of the default model (0.19 GB at f16) switched in 0.61 s
 CONVERT_BYTES_PER_S = 0.6e9
-# and a new llama.cpp context of the other type, before one was measured (0.2-0.3 s on the 2-core CPUs here)
+# and a new llama.cpp context of the other type, before one was measured (0.2-0.3 s on the 2-core CPUs here
+# at 8 x 2,048 cells), or what opening the run's own context took where that is more: it grows with the
+# cells (8 x 8,192 cells of the default model: 2.0-2.4 s at f16, 0.9 s at q8_0 on a 2-core EPYC)
 SWITCH_FIXED_S = 0.25
 
 
@@ -189,8 +191,9 @@ class Measured:
 
     def switch_s(self, engine: EngineView, kv: KVSetting) -> float:
         """What one KV switch from kv is expected to cost: its rebuild, at the rate this run's switches
-        measured (cells per second), else at CONVERT_BYTES_PER_S."""
-        fixed = 0.0 if engine.backend.source == "simulated" else SWITCH_FIXED_S
+        measured (cells per second), else a new context (as long as the run's own took to open, at least
+        SWITCH_FIXED_S) and its cells converted at CONVERT_BYTES_PER_S."""
+        fixed = 0.0 if engine.backend.source == "simulated" else max(SWITCH_FIXED_S, engine.analysis.open_s or 0.0)
         cells = sum(x.context for x in engine.agents)
         if self.switches:
             per_cell = sum(s for _, s in self.switches) / max(sum(c for c, _ in self.switches), 1.0)
