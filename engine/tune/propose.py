@@ -84,7 +84,10 @@ class Proposer:
         n = len(engine.agents)
         now = engine.now_s()
         mean_ctx = mean_context([a.context for a in engine.agents])
-        candidates = [c for c in self.candidates(engine, cur) if not kv_only or c.kv != cur.kv]
+        # only what an experiment could try and reap in what is left: a forecast of the rest is thinking spent
+        # on a move that could never be made
+        candidates = [c for c in self.candidates(engine, cur)
+                      if (not kv_only or c.kv != cur.kv) and self.can_try(engine, cur, c, now)]
         forecasts = {c: f for c in candidates if (f := self.fc.forecast(engine, c)) is not None}
         horizon = self.fc.horizon_at(now)
         self.outlook = None if growth is None else self._outlook(engine, cur, base, forecasts, growth, horizon)
@@ -179,6 +182,14 @@ class Proposer:
         allowed = [k for k in (self.goal.allowed_kv or ()) if k not in self.fc.measured.refused]
         return outlook(engine, cur, base, forecasts, growth, self.goal, horizon_s, kl,
                        quality_ruled_out(engine, cur, self.goal, self.excluded, allowed))
+
+    def can_try(self, engine: EngineView, cur: Setting, c: Setting, now: float) -> bool:
+        """An experiment on c could run in what is left of the run and be reaped: its least pairs of blocks,
+        each as long as switching there and back asks (engine/tune/measured.py: a new context and the cells
+        converted), and as long again; and its blocks no longer than a verdict allows."""
+        block_s = self.block_s(engine, cur, c)
+        left_s = math.inf if self.goal.run_s is None else self.goal.run_s - now
+        return block_s <= self.judge.max_block_s(now) and 2 * MIN_PAIRS * 2 * block_s <= left_s
 
     def timed(self, engine: EngineView, kv: KVSetting) -> bool:
         """This machine's step times at a KV type are known: the sim's card states them; on a real backend a

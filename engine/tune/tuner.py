@@ -20,6 +20,7 @@ moves between records: the experiment under way, the epoch, the recent steps, th
 
 import math
 import time
+from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.kv_types import KVSetting
@@ -245,7 +246,11 @@ class Tuner:
     def _convertible_unprobed(self, engine: EngineView, cur: Setting) -> list[KVSetting]:
         """The candidate KV types a probe by conversion would time (none where one cannot be converted to)."""
         kvs = self.measured.unprobed(engine, {c.kv for c in self.candidates(engine, cur)} - {cur.kv})
-        return [] if any(engine.backend.can_convert(cur.kv, k) is not None for k in kvs) else kvs
+        if any(engine.backend.can_convert(cur.kv, k) is not None for k in kvs):
+            return []
+        # a type no experiment could try in what is left (its switches there and back too dear) is not worth
+        # timing: the probe's seconds would buy nothing
+        return [k for k in kvs if self.proposer.can_try(engine, cur, replace(cur, kv=k), engine.now_s())]
 
     def _probe_pending(self, engine: EngineView, cur: Setting) -> bool:
         """A probe by conversion is still to come: a run too short for prefilled probes, a candidate KV type
