@@ -12,6 +12,8 @@ from swarmtune.engine.quality.quality_check import QualityCheck, band_of
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune import Goal, Tuner
 from swarmtune.engine.tune_events import Foreseen, Setting, event_from_json
+from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.status import status_text
 from tests.conftest import SIM
 
 KV = KVSetting.parse
@@ -52,6 +54,13 @@ def test_the_budget_line_comes_before_the_churn_and_weighs_each_way_out():
     assert event_from_json(first.to_json()) == first
     trial = next(r.tune for r in recs if r.kind == "tune" and r.tune is not None and r.tune.phase == "trial")
     assert trial.why.startswith("KV budget: f16 budget full at")
+    # the dashboard's status line, where the user decides: the budget's outlook beside what the tuner tries
+    stats = Stats(tuner_on=True)
+    for r in recs[: recs.index(next(r for r in recs if r.tune is first)) + 2]:
+        stats.add(r)
+    line = status_text(stats, "", False).plain
+    assert "trying KV q8_0; KV budget " in line and "the way out tried +" in line, line
+    assert f"staying re-prefills {first.staying_reprefilled:,} (forecast)" in line, line
 
 
 def test_a_quality_budget_that_rules_out_q8_0_leaves_a_residency_or_cap_move_never_q8_0():

@@ -28,3 +28,20 @@ class BudgetWatch(ResidentGrowth):
         now = resident_tokens(r)
         return BudgetForecast(r.kv_type, budget, now, budget / len(holding), self.tokens_per_s())
 
+
+
+def outlook_text(d: dict) -> str:
+    """The tuner's budget line (a `budget` tune record) short enough for the status line: when the budget binds
+    at the setting in force, what staying re-prefills, and the way out weighed with its forecast gain."""
+    left = d.get("binds_in_s")
+    when = "binds" if left is None else "full" if left == 0 else f"binds in ~{left:.0f} s"
+    text = f"KV budget {when}: staying re-prefills {d.get('staying_reprefilled', 0):,} (forecast)"
+    weighing = d.get("weighing")
+    way = next((w for w in d.get("ways", []) if w.get("to") == weighing), None) if weighing else None
+    if way is not None and way.get("gain") is not None:
+        text += f", the way out tried {way['gain']:+.0%} tok/s, {way['reprefilled']:,} re-prefilled"
+    elif weighing is None:
+        text += ", no way out worth an experiment"
+    if d.get("ruled_out"):
+        text += "; --kv-quality rules out the smaller KV types"
+    return text

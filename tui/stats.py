@@ -8,7 +8,7 @@ from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.model.bytes_model import bytes_model_from_header
 from swarmtune.engine.records import AgentView, StepRecord
-from swarmtune.tui.budget import BudgetWatch
+from swarmtune.tui.budget import BudgetWatch, outlook_text
 from swarmtune.tui.latency import Latencies
 
 HISTORY = 240
@@ -57,6 +57,7 @@ class Stats:
     tuner_spent_s: float | None = None
     tuner_spent_at_s: float = 0.0
     tuner_trying: str = ""  # the setting an experiment is trying now, if one runs
+    tuner_budget: str = ""  # the tuner's last word on the KV budget binding (tui/budget.py's outlook_text)
     # per KV setting: the live quality check's latest figures (its `quality` record's JSON), and the decode
     # tokens and seconds the swarm ran at it (measured): the trade of quality for speed, side by side
     quality: dict = field(default_factory=dict)
@@ -144,6 +145,8 @@ class Stats:
                                           for k in ("batch_cap", "kv", "residency") if to[k] != fr[k])
         elif d.get("phase") == "experiment":
             self.tuner_trying = ""
+        elif d.get("phase") == "budget":
+            self.tuner_budget = outlook_text(d)
         elif d.get("phase") == "quality" and d.get("mean_kl") is not None:
             self.quality[d["kv"]] = d
 
