@@ -18,20 +18,22 @@ turns against the budget's fill. So a simulated condition runs DRAWS (3) seeds o
 seed, +10, +20), each a pass of every setting and the tuner on the same seed: a figure is the mean over the
 draws, and a ratio's spread is the min-max of the per-draw ratios, as on a real backend.
 
-Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; cards
-whose tuner's model is mis-stated (the card runs one profile, the tuner forecasts with another: bandwidth,
-compute or a KV type's cost off by 30-40%, and one where q8_0's KV read costs 2.5x its bytes, so that the
-model's sign is wrong); the real model at 2 and 1 threads, two seeds and a second KV budget; a workload
-whose best setting changes as it runs (read, write, read; each run the same turns, timed); with
---avx2-python, the first real condition in an environment whose llama.cpp is built for AVX2 alone
-(bench/avx2_env.sh). Each condition prints its ratios against the best static setting and against the
-starting one, and its outcomes counted agree / disagree / no verdict (each in its own column); the last
-lines are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static), the
-changing workload's line before them. --figure writes the objective over time (the tuner's decisions marked).
+Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; cards whose
+tuner's model is mis-stated (the card runs one profile, the tuner forecasts with another: bandwidth, compute or
+a KV type's cost off by 30-40%, and one where q8_0's KV read costs 2.5x its bytes, so that the model's sign is
+wrong); the real model at 2 and 1 threads, two seeds and a second KV budget; a workload whose best setting
+changes as it runs (read, write, read; each run the same turns, timed); with --avx2-python, the first real
+condition in an environment whose llama.cpp is built for AVX2 alone (bench/avx2_env.sh); the budget-filling
+workload (FILLING_REAL, FILLING_SIM below: the real model and the simulated RX 9070 XT at 55,000 tokens, sized
+on the machine it runs on). Each condition prints its ratios against the best static setting and against the
+starting one, and its outcomes counted agree / disagree / no verdict (each in its own column); the last lines
+are the worst of each: `worst vs start: X` and `ratio: X` (the worst against the best static), the changing
+workload's line before them. --figure writes the objective over time (the tuner's decisions marked).
 
-    python bench/autotune.py                       # every condition (~85 min on a 2-core box)
+    python bench/autotune.py                       # every condition (~110 min on a 2-core box)
     python bench/autotune.py --only sim            # the simulated conditions (~25 min)
     python bench/autotune.py --only real           # the real model's, the changing workload included
+    python bench/autotune.py --only filling        # the budget-filling workload, real and simulated (~25 min)
     python bench/autotune.py --avx2-python .venv-avx2/bin/python   # and the first real one on an AVX2-only build
 """
 
