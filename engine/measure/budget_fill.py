@@ -56,10 +56,6 @@ class ResidentGrowth:
         while self.used and r.t - self.used[0][0] > self.window_s:
             self.used.popleft()
 
-    def clear(self) -> None:
-        """A setting moved (a KV switch, a residency): the growth before it was another swarm's."""
-        self.used.clear()
-
     @property
     def resident(self) -> int | None:
         return self.used[-1][1] if self.used else None
