@@ -58,6 +58,8 @@ class BatchRunner:
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
         self.mix = MixPolicy(backend, settings, analysis)
         self.drafts.room = settings.draft_tokens  # the engine asked the backend for it before the first context
+        if settings.draft_model:
+            self.drafts.use_model(settings.draft_model)
 
     def run(self, plan: Plan, agents: list[Agent], step: int) -> Ran:
         """The plan, as step number `step`, after freeing what it preempts."""
@@ -222,6 +224,7 @@ class BatchRunner:
             self.since_reference = 0
         # drafts ride every decode step but a reference (its time is batch 1's without them)
         self.drafts.set_length(self.s.draft_tokens, self.s.draft_auto)
+        self.drafts.spent_s = 0.0
         drafts = self.drafts.for_batch(batch, self.s.draft_tokens) if self.s.draft_tokens and not note else None
         # a prefill chunk rides a plain step: not a reference's (batch 1's own time) nor a verify step
         mixed = plan.mixed if not note and drafts is None else None
@@ -245,9 +248,12 @@ class BatchRunner:
                 if not batch:
                     return lambda: Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
 
+        drafting_s = self.drafts.spent_s  # a draft model's calls whose drafts were all too unsure to ride
+
         def landed() -> Ran:
             out, seconds = landing()
             self.drafts.observed(len(batch), seconds, 0)
+            seconds += drafting_s
             if not note:  # a batch-1 reference step is not the swarm's
                 self._decode_timed(seconds)
             for a, fed, tok in zip(batch, sent, out, strict=True):
@@ -283,9 +289,12 @@ class BatchRunner:
         before = [a.context for a in batch]
         landing = self.backend.launch_verify([a.seq for a in batch], sent, before, drafts)
 
+        drafting_s = self.drafts.spent_s  # a draft model's calls: the step's own seconds
+
         def landed() -> Ran:
             kept, seconds = landing()
             self.drafts.observed(len(batch), seconds, sum(len(d) for d in drafts))
+            seconds += drafting_s
             self._decode_timed(seconds)
             accepted = 0
             for a, fed, d, k, ctx0 in zip(batch, sent, drafts, kept, before, strict=True):

@@ -337,5 +337,6 @@ class Engine:
         self.meter.close()
         if self.quality is not None and hasattr(self.quality, "close"):
             self.quality.close()  # its side contexts, before the model they run on
+        self.runner.drafts.close()
         self.backend.close()
 

@@ -143,6 +143,7 @@ class EngineSettings:
     # speculation: the most tokens an agent drafts from its own text into a decode step (0: off; engine/spec/)
     draft_tokens: int = 0
     draft_auto: bool = False  # each agent's length up to draft_tokens, from what was measured (engine/spec/)
+    draft_model: str | None = None  # a GGUF sharing the model's vocabulary to draft from, not the agents' text
     # while agents decode, a prefill chunk is cut to what the run's measured chunk times say takes at most this
     # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens.
     # stall_auto: the bound is STALL_DECODE_STEPS of the swarm's measured decode steps (max_stall_s unused)

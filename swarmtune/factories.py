@@ -86,18 +86,21 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def engine_settings(args: argparse.Namespace, backend):
-    from swarmtune.engine.settings import EngineSettings, check_default
+    from swarmtune.engine.settings import AUTO_DRAFT_TOKENS, EngineSettings, check_default
 
     prof = getattr(backend, "profile", None)
     ctx = args.ctx or (prof.context_per_agent if prof else min(2048, backend.facts.n_ctx_train or 2048))
     budget = args.kv_budget_mb * 1e6 if args.kv_budget_mb is not None else (prof.kv_budget_bytes if prof else None)
+    draft, draft_model = getattr(args, "draft", (0, False)), getattr(args, "draft_model", None)
+    if draft_model and not draft[0]:  # a draft model asked for: it drafts, each agent's length as measured
+        draft = (AUTO_DRAFT_TOKENS, True)
     return EngineSettings(
         agents=args.agents, batch_cap=args.batch_cap or args.agents, kv=args.kv, seed=args.seed,
         gen_tokens=args.gen_tokens, tool_tokens=args.tool_tokens, ctx_per_agent=ctx, kv_budget_bytes=budget,
         reference=not args.no_reference, check=args.check or check_default(), kv_convert=not args.no_kv_convert,
         tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
         swap_limit_bytes=args.swap_limit_mb * 1e6 if args.swap_limit_mb is not None else None,
-        draft_tokens=getattr(args, "draft", (0, False))[0], draft_auto=getattr(args, "draft", (0, False))[1],
+        draft_tokens=draft[0], draft_auto=draft[1], draft_model=draft_model,
         max_stall_s=stall / 1000 if isinstance(stall := getattr(args, "max_stall_ms", None), float) else None,
         stall_auto=stall == "auto",
         mix={"on": True, "off": False}.get(getattr(args, "mix", "auto")),

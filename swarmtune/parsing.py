@@ -184,6 +184,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculation: each agent drafts up to N tokens from its own and the swarm's text (n-gram "
                         "lookup) and a decode step verifies them; greedy output is unchanged (default 0: off). "
                         f"auto: up to {AUTO_DRAFT_TOKENS}, each agent's length where measured step times say it pays")
+    g.add_argument("--draft-model", metavar="GGUF", default=None,
+                   help="speculation drafts from this smaller model instead of the agents' text (llama-server's "
+                        "--model-draft; it must share the model's vocabulary); without --draft, --draft auto")
     g.add_argument("--max-stall-ms", type=_stall, default="auto", metavar="MS|auto|off",
                    help="while agents decode, cut a prefill chunk to what the run's timed chunks say takes at most "
                         "MS, so no decoding agent waits longer between tokens for it; auto: "

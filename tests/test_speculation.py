@@ -30,7 +30,7 @@ class Run:
     accepted: int = 0
 
 
-def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch) -> Run:
+def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch, draft_model: str | None = None) -> Run:
     out = Run()
     goes_on = BatchRunner.goes_on
 
@@ -48,10 +48,10 @@ def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch) -> Run:
 
     with monkeypatch.context() as m:
         m.setattr(BatchRunner, "goes_on", seen)
-        return _run(out, model_path, kv, draft, steps)
+        return _run(out, model_path, kv, draft, steps, draft_model)
 
 
-def _run(out: Run, model_path, kv: str, draft: int, steps: int) -> Run:
+def _run(out: Run, model_path, kv: str, draft: int, steps: int, draft_model: str | None = None) -> Run:
     from swarmtune.engine.backends.llama_backend import LlamaBackend
     from swarmtune.engine.model.model_facts import read_model_facts
 
@@ -59,7 +59,7 @@ def _run(out: Run, model_path, kv: str, draft: int, steps: int) -> Run:
     b.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
     # no batch-1 reference steps: they reorder the synthetic swarm's turns, and with them the prompts it draws
     e = Engine(b, EngineSettings(agents=3, batch_cap=3, kv=KVSetting.parse(kv), draft_tokens=draft, seed=1,
-                                 gen_tokens=200, check=True, reference=False))
+                                 gen_tokens=200, check=True, reference=False, draft_model=draft_model))
     try:
         for _ in range(steps):
             r = e.step()  # the cache check runs after every step: rejected cells are gone
@@ -82,6 +82,34 @@ def test_greedy_output_is_the_same_tokens_with_drafts(model_path, kv, monkeypatc
     common = {a: min(len(t), len(spec.streams[a])) for a, t in plain.streams.items()}
     assert sum(common.values()) >= 240
     assert {a: spec.streams[a][:n] for a, n in common.items()} == {a: plain.streams[a][:n] for a, n in common.items()}
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_greedy_output_is_the_same_tokens_with_a_draft_model(model_path, kv, monkeypatch):
+    # the model as its own draft model: its drafts are the greedy tokens themselves (but where the two
+    # calls' shapes flip a near tie), so nearly every one is kept, and the output stays the plain run's
+    plain = greedy_run(model_path, kv, 0, 200, monkeypatch)
+    spec = greedy_run(model_path, kv, 4, 100, monkeypatch, draft_model=str(model_path))
+    assert spec.drafted >= 40 and spec.accepted >= 0.8 * spec.drafted, (spec.drafted, spec.accepted)
+    common = {a: min(len(t), len(spec.streams[a])) for a, t in plain.streams.items()}
+    assert sum(common.values()) >= 240
+    assert {a: spec.streams[a][:n] for a, n in common.items()} == {a: plain.streams[a][:n] for a, n in common.items()}
+
+
+def test_a_draft_model_that_cannot_draft_is_one_line(tmp_path, model_path):
+    import tests.tiny_gguf as tg
+
+    other = tg.llama_dense(tmp_path / "other.gguf", tg.CHATML)  # a vocabulary of its own
+    cases = [(("--draft-model", str(other)), "a draft model must share the model's"),
+             (("--draft-model", str(tmp_path / "none.gguf")), "none.gguf: no such file"),
+             (("--sim", SIM, "--draft-model", str(model_path)), "--draft-model needs a model run by llama.cpp")]
+    for flags, said in cases:
+        out = run_cli("record", "--steps", "5", "--agents", "2", "--threads", "2", *flags,
+                      "-o", str(tmp_path / "r.jsonl"))
+        assert out.returncode == 2, out.stderr
+        assert said in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+        assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_drafts_are_what_followed_the_newest_ngram():

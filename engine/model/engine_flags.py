@@ -28,9 +28,11 @@ class EngineFlags:
 
 def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: int, bm: ByteModel,
                  weight_bytes: float, kv_budget_bytes: float | None, device_bytes: float | None,
-                 draft_tokens: int = 0, draft_auto: bool = False) -> list[EngineFlags]:
+                 draft_tokens: int = 0, draft_auto: bool = False, draft_model: str | None = None,
+                 draft_p_min: float = 0.0) -> list[EngineFlags]:
     """draft_tokens: speculation from the agents' own text (engine/spec/), up to that many a step; draft_auto:
-    each agent's length measured, up to it."""
+    each agent's length measured, up to it; draft_model: drafts from that model instead, each stopped below
+    draft_p_min."""
     out = []
     notes = []
     # llama-server splits -c cells evenly over its -np slots: as many as the budget holds at this type
@@ -49,7 +51,12 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
         notes.append("swap: an idle agent's slot saved and restored through POST /slots/{id}?action=save|restore")
     elif residency == "drop":
         notes.append("drop: no flag; an idle agent's slot is simply reused, and its prompt re-processed on return")
-    if draft_tokens:
+    if draft_tokens and draft_model:  # flag names read from the pinned llama.cpp's common/arg.cpp
+        ll += ["--spec-draft-model", draft_model, "--spec-draft-n-max", str(draft_tokens), "--spec-draft-p-min",
+               str(draft_p_min)]
+        if draft_auto:
+            notes.append("speculation: llama-server has no per-slot measured length (auto): the most is set")
+    elif draft_tokens:
         # its n-gram lookup over the slot's own text, 3 tokens long as swarmtune's first try (which then tries 2,
         # and the other agents' text: llama-server's ngram-cache keeps such a pool, from a file)
         ll += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
@@ -74,7 +81,9 @@ def engine_flags(batch_cap: int, kv: KVSetting, residency: str, ctx_per_agent: i
     if residency == "swap":
         vnotes.append("swap: vLLM swaps or recomputes preempted requests itself (--swap-space where the version "
                       "has it)")
-    if draft_tokens:  # vLLM's prompt lookup: n-grams of 3 down to 2 tokens in the request's own text
+    if draft_tokens and draft_model:
+        v += ["--speculative-config", json.dumps({"model": draft_model, "num_speculative_tokens": draft_tokens})]
+    elif draft_tokens:  # vLLM's prompt lookup: n-grams of 3 down to 2 tokens in the request's own text
         v += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": draft_tokens,
                                                   "prompt_lookup_max": 3, "prompt_lookup_min": 2})]
         vnotes.append("speculation: vLLM's ngram looks up the request's own text only; one length for all")

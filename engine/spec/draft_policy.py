@@ -3,13 +3,15 @@ plain decode step takes at each batch size, the seconds each verified row adds t
 share of drafted tokens kept. A draft of d tokens pays where the step's tokens per second with it beat the
 step's without it:
 
-    (B + E(d)) / (t_B + d·c)  >  B / t_B        E(d) = a + a² + ... + a^d   (a: the agent's share kept)
+    (B + E(d)) / (t_B + d·(c + g))  >  B / t_B        E(d) = a + a² + ... + a^d   (a: the agent's share kept)
 
-t_B the plain step at batch B, c a verified row's seconds. Where a row costs what an agent's row costs (a
-compute-bound CPU step), nothing pays and drafts stay off; where rows are nearly free (a GPU step bound by
-the weight stream) every likely draft pays. Until both are measured, and now and then after (contexts grow,
-and with them t_B), a step drafts EXPLORE_TOKENS tokens an agent to measure them: one in EXPLORE_EVERY
-while drafts pay, half as often each time they did not, down to one in EXPLORE_EVERY_MAX."""
+t_B the plain step at batch B, c a verified row's seconds, g the seconds drafting takes a drafted token (a
+draft model's calls, --draft-model, measured; 0 for the n-gram lookup, whose host seconds are bookkeeping).
+Where a row costs what an agent's row costs (a compute-bound CPU step), nothing pays and drafts stay off;
+where rows are nearly free (a GPU step bound by the weight stream) every likely draft pays. Until both are
+measured, and now and then after (contexts grow, and with them t_B), a step drafts EXPLORE_TOKENS tokens an
+agent to measure them: one in EXPLORE_EVERY while drafts pay, half as often each time they did not, down to
+one in EXPLORE_EVERY_MAX."""
 
 from dataclasses import dataclass, field
 
@@ -33,6 +35,7 @@ class DraftPolicy:
     max_tokens: int
     plain_s: dict[int, float] = field(default_factory=dict)  # batch size -> a plain decode step's seconds
     row_s: float | None = None  # a verified row's seconds, beyond the plain step at its batch size
+    draft_s: float = 0.0  # drafting's seconds a drafted token (a draft model's: one call for a batch's tokens)
     kept: dict[int, float] = field(default_factory=dict)  # agent id -> share of its drafted tokens kept
     steps: int = 0
     explore_every: int = EXPLORE_EVERY
@@ -54,7 +57,7 @@ class DraftPolicy:
         return out
 
     def _best(self, share: float, b: int, t: float) -> int:
-        c = max(self.row_s or 0.0, 1e-9)
+        c = max(self.row_s or 0.0, 1e-9) + self.draft_s
         rate = [(b + expected_kept(share, d)) / (t + d * c) for d in range(self.max_tokens + 1)]
         best = max(range(self.max_tokens + 1), key=lambda d: (rate[d], -d))
         return best if rate[best] >= MARGIN * rate[0] else 0
@@ -71,6 +74,13 @@ class DraftPolicy:
         if t is not None:
             c = max(0.0, seconds - t) / drafted
             self.row_s = c if self.row_s is None else self.row_s + EMA * (c - self.row_s)
+
+    def drafting(self, rounds: int, seconds: float) -> None:
+        """Drafting for a step took `seconds` and drafted at most `rounds` tokens an agent (a draft model: a
+        call per round, the batch's agents in each)."""
+        if rounds > 0:
+            g = seconds / rounds
+            self.draft_s = g if not self.draft_s else self.draft_s + EMA * (g - self.draft_s)
 
     def verified(self, agent_id: int, drafted: int, kept: int) -> None:
         if drafted:

@@ -1,13 +1,24 @@
-"""Which drafts ride a decode step: each agent's from the n-gram drafter, at most the draft length in force,
-none past its context or its turn's limit, none where its backend cannot verify them exactly, and no more
-rows than one call carries. Counts what each agent's drafts earned, on the agent: drafted against kept."""
+"""Which drafts ride a decode step: each agent's from the n-gram drafter (or a draft model, --draft-model), at
+most the draft length in force, none past its context or its turn's limit, none where its backend cannot
+verify them exactly, and no more rows than one call carries. Counts what each agent's drafts earned, on the
+agent: drafted against kept."""
 
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.errors import UserError
 from swarmtune.engine.spec.draft_policy import DraftPolicy
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter
+
+if TYPE_CHECKING:
+    from swarmtune.engine.spec.model_drafter import ModelDrafter
+
+# drafting stops below this top-token probability: llama.cpp's --spec-draft-p-min (0 in the pinned version, no
+# cut; 0.75 in its older ones): a guess that unsure costs a verified row more often than it gains one
+P_MIN = 0.75
 
 
 class Drafts:
@@ -17,6 +28,26 @@ class Drafts:
         self.drafter = NgramDrafter()
         self.policy: DraftPolicy | None = None  # --draft auto: the lengths from what was measured
         self.room = 0  # the drafted rows a sequence the backend's contexts are made for (allow_drafts)
+        self.model: ModelDrafter | None = None  # --draft-model: drafts from it instead of the n-gram lookup
+        # seconds the last step's drafting took where they are the device's (a draft model's calls): the step's
+        # own, added to its record; the n-gram lookup's are the host's bookkeeping, as the rest of it
+        self.spent_s = 0.0
+
+    def use_model(self, path: str) -> None:
+        """Drafts from the model at path (its vocabulary the target's): llama.cpp's, on the target's device."""
+        from swarmtune.engine.spec.model_drafter import ModelDrafter
+
+        vocab = getattr(self.backend, "vocab", None)
+        if vocab is None:  # the simulated card has no tokens a model could guess
+            raise UserError("--draft-model needs a model run by llama.cpp (a simulated card has no text to draft)",
+                            field="draft_model")
+        on_device = bool(getattr(self.backend, "offloaded_layers", 0))
+        self.model = ModelDrafter(path, vocab, getattr(self.backend, "n_threads", 1), on_device)
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+            self.model = None
 
     def make_room(self, n: int) -> bool:
         """Contexts made from now on verify up to n drafts a sequence; True where that is more than the live one
@@ -36,15 +67,39 @@ class Drafts:
 
     def for_batch(self, batch: list[Agent], n: int) -> list[list[int]] | None:
         """Each batched agent's drafts for this step ([] for none), n at most each; None where none has any."""
+        self.spent_s = 0.0
         rows_left = self.backend.max_chunk_tokens - len(batch)
         lengths = self.policy.lengths([a.id for a in batch]) if self.policy is not None else [n] * len(batch)
+        if self.model is not None:
+            return self._from_model(batch, lengths, rows_left)
         out = []
         for a, want in zip(batch, lengths, strict=True):
-            # its fed token and its drafts take cells; the token drawn after the last draft needs one more
-            room = min(want, a.limit - a.context - 3, self.turn_left(a) - 1, rows_left)
-            d = self.drafter.draft(a, room) if room > 0 and self.backend.why_no_drafts(a.seq) is None else []
+            room = self._room(a, want, rows_left)
+            d = self.drafter.draft(a, room) if room > 0 else []
             rows_left -= len(d)
             out.append(d)
+        return out if any(out) else None
+
+    def _room(self, a: Agent, want: int, rows_left: int) -> int:
+        # its fed token and its drafts take cells; the token drawn after the last draft needs one more
+        room = min(want, a.limit - a.context - 3, self.turn_left(a) - 1, rows_left)
+        return room if room > 0 and self.backend.why_no_drafts(a.seq) is None else 0
+
+    def _from_model(self, batch: list[Agent], lengths: list[int], rows_left: int) -> list[list[int]] | None:
+        """The draft model's drafts (every agent's in the same calls): its seconds are the step's."""
+        assert self.model is not None
+        rooms = []
+        for a, want in zip(batch, lengths, strict=True):
+            rooms.append(self._room(a, want, rows_left))
+            rows_left -= rooms[-1]
+        if not any(rooms):
+            return None
+        t0 = time.perf_counter()
+        n_seqs, per_seq = getattr(self.backend, "n_seqs", 1), getattr(self.backend, "ctx_per_seq", 0)
+        out = self.model.draft_many(batch, rooms, n_seqs, n_seqs * per_seq)
+        self.spent_s = time.perf_counter() - t0
+        if self.policy is not None:
+            self.policy.drafting(max(map(len, out)), self.spent_s)
         return out if any(out) else None
 
     def observed(self, batch: int, seconds: float, drafted: int) -> None:

@@ -14,6 +14,7 @@ from swarmtune.factories import make_engine
 def cmd_tune(args: argparse.Namespace) -> int:
     """Headless: the engine with its tuner on for --duration, then the setting it holds, as engine flags."""
     from swarmtune.engine.model.engine_flags import engine_flags
+    from swarmtune.engine.spec.drafts import P_MIN
     from swarmtune.engine.tune import Tally
 
     args.autotune = args.autotune or "tokens_per_s"
@@ -49,7 +50,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         prof = getattr(e.backend, "profile", None)
         flags = engine_flags(st.batch_cap, kv, st.residency, e.s.ctx_per_agent, f.bytes_model, f.weight_bytes,
                              e.s.kv_budget_bytes, getattr(prof, "device_memory_bytes", None), e.s.draft_tokens,
-                             e.s.draft_auto)
+                             e.s.draft_auto, e.s.draft_model, P_MIN)
         source = e.backend.source
         ledger = getattr(e.quality, "ledger", None)
         run_s = e.now_s()  # the engine's clock: the tuner's probe and first look, before the first step, count
