@@ -377,6 +377,11 @@ def test_auto_drafts_where_a_row_is_cheap_and_not_where_it_costs_a_step():
     assert all(d > 0 for d in gpu.lengths([0, 1, 2, 3]))
     # and now and then it measures again, whatever the rule says: less often where drafts did not pay
     assert cpu.explore_every > EXPLORE_EVERY and gpu.explore_every == EXPLORE_EVERY
+    # where not even drafts all kept would pay (a row costs an agent's), at the longest interval at once;
+    # where they would but these agents' do not, half as often each time
+    assert cpu.explore_every == EXPLORE_EVERY_MAX
+    unsure = settle(0.040, 0.004, 0.0)
+    assert EXPLORE_EVERY < unsure.explore_every < EXPLORE_EVERY_MAX
     assert any(any(cpu.lengths([0, 1, 2, 3])) for _ in range(EXPLORE_EVERY_MAX))
 
 

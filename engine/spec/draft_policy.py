@@ -11,7 +11,7 @@ Where a row costs what an agent's row costs (a compute-bound CPU step), nothing 
 where rows are nearly free (a GPU step bound by the weight stream) every likely draft pays. Until both are
 measured, and now and then after (contexts grow, and with them t_B), a step drafts EXPLORE_TOKENS tokens an
 agent to measure them: one in EXPLORE_EVERY while drafts pay, half as often each time they did not, down to
-one in EXPLORE_EVERY_MAX."""
+one in EXPLORE_EVERY_MAX, and that at once where not even drafts all kept would pay."""
 
 from dataclasses import dataclass, field
 
@@ -53,7 +53,15 @@ class DraftPolicy:
             return [0 if t is None else min(EXPLORE_TOKENS, self.max_tokens)] * b
         out = [self._best(self.kept.get(i, PRIOR_KEPT), b, t) for i in ids]
         if self._since_explore == 1:  # the first choice after a measure: was it worth measuring so often?
-            self.explore_every = EXPLORE_EVERY if any(out) else min(2 * self.explore_every, EXPLORE_EVERY_MAX)
+            if any(out):
+                self.explore_every = EXPLORE_EVERY
+            elif self._best(1.0, b, t) == 0:
+                # not even drafts all kept would pay: a row (and its drafting) costs what an agent's does. What
+                # changes that (contexts growing t_B) is slow; a draft model's measure also brings its cache
+                # level with every history, a prefill of all that is new since the last
+                self.explore_every = EXPLORE_EVERY_MAX
+            else:
+                self.explore_every = min(2 * self.explore_every, EXPLORE_EVERY_MAX)
         return out
 
     def _best(self, share: float, b: int, t: float) -> int:
