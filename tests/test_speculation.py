@@ -67,6 +67,13 @@ def _run(out: Run, model_path, kv: str, draft: int, steps: int, draft_model: str
             out.accepted += r.accepted
             if r.kind == "decode":
                 assert r.tokens == r.batch + r.accepted and r.accepted <= r.drafted
+        if (m := e.runner.drafts.model) is not None:  # the draft model's cells are the tokens it says it holds
+            import llama_cpp as ll
+
+            assert m.held
+            for seq, held in m.held.items():
+                assert ll.llama_memory_seq_pos_max(m.mem, seq) + 1 == len(held)
+                assert ll.llama_memory_seq_pos_min(m.mem, seq) == (0 if held else -1)
     finally:
         e.close()
     return out
