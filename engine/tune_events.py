@@ -311,9 +311,31 @@ class Foreseen(TuneEvent):
     source: str = "budget and bytes per token exact; growth measured; gains and re-prefills forecast (modeled)"
 
 
+@dataclass
+class Speculated(TuneEvent):
+    """A speculation experiment's end (engine/tune/draft_trial.py): under --draft auto, the measured rule's
+    drafts against none in interleaved pairs of blocks of decode steps; the gain in decode tokens per second
+    with its two-sided 95% bounds (measured), the drafted and kept tokens, what it did (kept, off, gave up,
+    abandoned when a person set a length), its blocks' seconds and the tokens the losing side cost."""
+
+    phase: ClassVar[str] = "speculation"
+    result: str  # kept | off | gave up | abandoned
+    pairs: int
+    gain: float | None
+    low: float | None
+    high: float | None
+    drafted: int
+    accepted: int
+    seconds_drafts: float
+    seconds_none: float
+    tokens_lost: float
+    why: str
+    source: str = "measured"
+
+
 EVENTS: dict[str, type[TuneEvent]] = {c.phase: c for c in (Decision, Outcome, Held, Confirmed, Reverted,
                                                             RevertRefused, Probed, Trial, Experimented, Spent,
-                                                            QualityChecked, Foreseen)}
+                                                            QualityChecked, Foreseen, Speculated)}
 
 
 def event_from_json(d: dict[str, Any]) -> TuneEvent:

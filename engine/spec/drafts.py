@@ -60,8 +60,10 @@ class Drafts:
 
     def set_length(self, n: int, auto: bool) -> None:
         """At most n tokens an agent; auto: each agent's length from the policy."""
-        if not auto:
+        if not auto and n:
             self.policy = None
+        elif not auto:  # off: the policy's figures are kept (its plain steps still timed) for auto's return
+            return
         elif self.policy is None or self.policy.max_tokens != n:
             self.policy = DraftPolicy(n)
 

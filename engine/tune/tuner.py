@@ -27,6 +27,7 @@ from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.budget_fill import ResidentGrowth
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.draft_trial import DraftTrial
 from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster, Runs
 from swarmtune.engine.tune.goal import Goal, Setting
@@ -59,6 +60,7 @@ class Tuner:
         self.proposer = Proposer(goal, self.forecaster, self.checks, self.judge)
         self.trials = Trials(goal, self.measured, self.cost, self.checks, self.judge, self.forecaster,
                              self.proposer, on_end=self._epoch_from)
+        self.drafting = DraftTrial(self.cost)  # --draft auto: whether drafts ride, measured against none
         self.restart()
 
     @property
@@ -79,6 +81,7 @@ class Tuner:
         self._step_s: float | None = None  # the latest decode step's seconds: a probe's estimate
         self.checks.restart()
         self.trials.restart()  # the experiment under way, the switch in flight
+        self.drafting.restart()
         self._recent = RecentSteps()  # the noise an experiment starts with
 
     # what the engine calls after every record
@@ -102,6 +105,9 @@ class Tuner:
         self.checks.observe(rec, self.goal)
         if self.trials.exp is not None:
             return out + self.trials.step(engine, rec)
+        out += self.drafting.observe(engine, rec, free=self._looked)
+        if self.drafting.running:  # its blocks are the swarm's for now: a look waits for its verdict
+            return out
         first_look = not self._looked and self.forecaster.simulator(engine) is not None
         if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look
                                      and not self._fit_matured(engine)):

@@ -1,0 +1,90 @@
+"""Speculation as the tuner's move (issue 52): under --draft auto and the tuner, the measured rule's drafts
+are tried against none in interleaved pairs of blocks and kept only where the pairs say they gain; the
+experiment's cost is the tuner's, and a length set by hand ends its say."""
+
+import itertools
+
+from swarmtune.engine.backends.sim_backend import _WORDS, SimBackend
+from swarmtune.engine.control import Control
+from swarmtune.engine.engine import Engine, EngineSettings
+from swarmtune.engine.model.profiles import profile
+from swarmtune.engine.records import StepRecord
+from swarmtune.engine.settings import DraftSetting
+from swarmtune.engine.tune import Goal, Tuner
+from swarmtune.engine.tune_events import Speculated, event_from_json
+from tests.conftest import SIM
+
+
+def _goal() -> Goal:
+    return Goal(run_s=300.0, forecast_seeds=1, horizon_s=20.0, epoch_s=30.0)  # short looks: a quick test
+
+
+def _swarm() -> tuple[Engine, Tuner]:
+    p = profile(SIM)
+    s = EngineSettings(agents=4, batch_cap=4, seed=3, gen_tokens=256, tool_tokens=256, ctx_per_agent=8192,
+                       draft_tokens=8, draft_auto=True, check=True)
+    tuner = Tuner(_goal())
+    return Engine(SimBackend(p), s, tuner=tuner, autotune=True), tuner
+
+
+def _spoken(recs: list[StepRecord]) -> list[Speculated]:
+    return [r.tune for r in recs if r.kind == "tune" and isinstance(r.tune, Speculated)]
+
+
+def test_drafts_that_are_never_kept_are_turned_off_on_measurement():
+    # the simulated card draws words at random: the n-gram drafts are almost never what it draws
+    e, tuner = _swarm()
+    recs = [e.step() for _ in range(1500)]
+    said = _spoken(recs)
+    assert said, "no speculation experiment"
+    first = said[0]
+    assert first.result in ("off", "gave up") and first.pairs >= 3 and first.high is not None
+    assert first.high < 0.05 and first.source == "simulated"
+    assert event_from_json(first.to_json()) == first
+    at = next(i for i, r in enumerate(recs) if r.tune is first)
+    after = [r for r in recs[at + 1:] if r.kind == "decode"][:200]
+    assert after and {r.draft_setting for r in after} == {"0"} and not any(r.drafted for r in after)
+    assert tuner.cost.experiments >= 1 and tuner.cost.switches >= 2 and tuner.cost.experiment_s > 0
+    e.close()
+
+
+def test_drafts_that_are_kept_stay_on(monkeypatch):
+    # each sequence draws the same five words over and over: its own n-grams draft what it will draw, and on
+    # the card a verified row costs little beside the weight stream
+    counters: dict[int, itertools.count] = {}
+
+    def cyclic(self: SimBackend, seq: int) -> int:
+        n = next(counters.setdefault(seq, itertools.count()))
+        return self._id(" " + _WORDS[n % 5])
+
+    monkeypatch.setattr(SimBackend, "_sample", cyclic)
+    e, _ = _swarm()
+    recs = [e.step() for _ in range(1200)]
+    said = _spoken(recs)
+    assert said and said[0].result == "kept", [s.why for s in said]
+    assert said[0].low is not None and said[0].low > 0.01 and said[0].accepted > 0
+    at = next(i for i, r in enumerate(recs) if r.tune is said[0])
+    after = [r for r in recs[at + 1:] if r.kind == "decode"][:100]
+    assert {r.draft_setting for r in after} == {"auto"} and any(r.drafted for r in after)
+    e.close()
+
+
+def test_a_length_set_by_hand_ends_the_tuners_say():
+    e, tuner = _swarm()
+    recs = []
+    while not tuner.drafting.running:
+        recs.append(e.step())
+        assert len(recs) < 2000
+    e.request(Control(draft=4))
+    recs += [e.step() for _ in range(600)]
+    said = _spoken(recs)
+    assert [s.result for s in said] == ["abandoned"]
+    assert e.state().draft == DraftSetting(4) and tuner.drafting.auto is None
+
+
+def test_a_fixed_length_is_left_alone():
+    s = EngineSettings(agents=4, batch_cap=4, seed=3, ctx_per_agent=8192, draft_tokens=4)
+    e = Engine(SimBackend(profile(SIM)), s, tuner=Tuner(_goal()), autotune=True)
+    recs = [e.step() for _ in range(800)]
+    assert not _spoken(recs) and {r.draft_setting for r in recs if r.kind == "decode"} == {"4"}
+    e.close()
