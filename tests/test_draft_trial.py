@@ -12,6 +12,8 @@ from swarmtune.engine.records import StepRecord
 from swarmtune.engine.settings import DraftSetting
 from swarmtune.engine.tune import Goal, Tuner
 from swarmtune.engine.tune_events import Speculated, event_from_json
+from swarmtune.tui.stats import Stats
+from swarmtune.tui.widgets.status import status_text
 from tests.conftest import SIM
 
 
@@ -45,6 +47,11 @@ def test_drafts_that_are_never_kept_are_turned_off_on_measurement():
     after = [r for r in recs[at + 1:] if r.kind == "decode"][:200]
     assert after and {r.draft_setting for r in after} == {"0"} and not any(r.drafted for r in after)
     assert tuner.cost.experiments >= 1 and tuner.cost.switches >= 2 and tuner.cost.experiment_s > 0
+    # the dashboard's status line says the verdict and what was measured
+    stats = Stats(tuner_on=True)
+    for r in recs[:at + 1]:
+        stats.add(r)
+    assert f"; drafts off {first.gain:+.1%} (95% " in status_text(stats, "", False).plain
     e.close()
 
 

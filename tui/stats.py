@@ -58,6 +58,7 @@ class Stats:
     tuner_spent_at_s: float = 0.0
     tuner_trying: str = ""  # the setting an experiment is trying now, if one runs
     tuner_budget: str = ""  # the tuner's last word on the KV budget binding (tui/budget.py's outlook_text)
+    tuner_drafts: str = ""  # its last verdict on speculation (--draft auto): kept or off, and the gain measured
     # per KV setting: the live quality check's latest figures (its `quality` record's JSON), and the decode
     # tokens and seconds the swarm ran at it (measured): the trade of quality for speed, side by side
     quality: dict = field(default_factory=dict)
@@ -147,6 +148,10 @@ class Stats:
             self.tuner_trying = ""
         elif d.get("phase") == "budget":
             self.tuner_budget = outlook_text(d)
+        elif d.get("phase") == "speculation":
+            gain = "" if d.get("gain") is None else f" {d['gain']:+.1%} (95% {d['low']:+.1%}..{d['high']:+.1%})"
+            self.tuner_drafts = f"drafts {'kept' if d['result'] == 'kept' else 'off'}{gain}" \
+                if d["result"] != "abandoned" else ""
         elif d.get("phase") == "quality" and d.get("mean_kl") is not None:
             self.quality[d["kv"]] = d
 

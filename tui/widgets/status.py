@@ -40,6 +40,8 @@ def status_text(stats: Stats, mode: str, paused: bool, extra: str = "") -> Text:
                 t.append(f", trying {stats.tuner_trying}", style="magenta")
             if stats.tuner_budget:
                 t.append(f"; {stats.tuner_budget}", style="magenta")
+            if stats.tuner_drafts:
+                t.append(f"; {stats.tuner_drafts}", style="magenta")
         if stats.tuner_spent_s is not None and stats.tuner_spent_at_s > 0:
             share = stats.tuner_spent_s / stats.tuner_spent_at_s
             t.append(f" | tuner spent {stats.tuner_spent_s:.1f} s ({share:.1%})")
