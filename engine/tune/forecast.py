@@ -99,7 +99,7 @@ class Forecaster:
         sim.scale = {**self.learned_scale(engine), **(scale or {})}
         s = replace(engine.s, batch_cap=cap_in_force(setting.batch_cap, len(engine.agents)),
                     residency=setting.residency,
-                    check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1),
+                    check=False, seed=engine.s.seed + FORECAST_SEED_SALT * (k + 1), draft_model=None,
                     agents=len(engine.agents))
         shadow = shadow_of(engine, sim, s, meter=_meter(engine))
         if setting.kv != engine.s.kv:
