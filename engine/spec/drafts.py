@@ -16,6 +16,7 @@ from swarmtune.engine.spec.ngram_drafter import NgramDrafter
 if TYPE_CHECKING:
     from swarmtune.engine.spec.model_drafter import ModelDrafter
 
+DRAFT_CALL_TOKENS = 512  # rows a draft-model call carries: a long new history is brought level in calls of this many
 # drafting stops below this top-token probability: llama.cpp's --spec-draft-p-min (0 in the pinned version, no
 # cut; 0.75 in its older ones): a guess that unsure costs a verified row more often than it gains one
 P_MIN = 0.75
@@ -42,7 +43,9 @@ class Drafts:
             raise UserError("--draft-model needs a model run by llama.cpp (a simulated card has no text to draft)",
                             field="draft_model")
         on_device = bool(getattr(self.backend, "offloaded_layers", 0))
-        self.model = ModelDrafter(path, vocab, getattr(self.backend, "n_threads", 1), on_device)
+        device = getattr(self.backend, "device", None) if on_device else None
+        self.model = ModelDrafter(path, vocab, getattr(self.backend, "n_threads", 1), on_device,
+                                  None if device is None else lambda model, cells: _draft_room(device, path, cells))
 
     def close(self) -> None:
         if self.model is not None:
@@ -114,3 +117,15 @@ class Drafts:
         a.drafts_verified(drafted, agreed)
         if self.policy is not None:
             self.policy.verified(a.id, drafted, agreed)
+
+
+def _draft_room(device: object, path: str, cells: int) -> str | None:
+    """None where a draft cache of `cells` cells (f16, one stream) fits the device now; else why not."""
+    from swarmtune.engine.backends.devices import Device, cache_tensor_bytes, free_bytes, why_cache_does_not_fit
+    from swarmtune.engine.kv_types import F16
+    from swarmtune.engine.model.model_facts import read_model_facts
+
+    assert isinstance(device, Device)
+    tensor, total = cache_tensor_bytes(read_model_facts(path).bytes_model, F16, 1, cells, DRAFT_CALL_TOKENS)
+    why = why_cache_does_not_fit(device, tensor, total, free_bytes(device))
+    return None if why is None else f"the draft model's cache: {why}"

@@ -10,6 +10,7 @@ generation. Its seconds are the step's
 (Drafts.spent_s): the draft model runs on the same device, between the target's steps."""
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp as ll
@@ -17,9 +18,7 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.spec.drafts import P_MIN
-
-DRAFT_CALL_TOKENS = 512  # rows a draft-model call carries: a long new history is brought level in calls of this many
+from swarmtune.engine.spec.drafts import DRAFT_CALL_TOKENS, P_MIN
 
 
 def vocab_mismatch(target: Any, draft: Any) -> str | None:
@@ -38,7 +37,10 @@ def vocab_mismatch(target: Any, draft: Any) -> str | None:
 class ModelDrafter:
     """Owns the draft model, its cache and, per sequence, the tokens its cells hold."""
 
-    def __init__(self, path: str, target_vocab: Any, n_threads: int, on_device: bool) -> None:
+    def __init__(self, path: str, target_vocab: Any, n_threads: int, on_device: bool,
+                 room: Callable[[Any, int], str | None] | None = None) -> None:
+        """room: where the draft model runs on a device, why a cache of that many cells for this model would
+        not fit it (None: it fits); llama.cpp aborts the process on Vulkan where it does not (devices.py)."""
         if not os.path.isfile(path):
             raise UserError(f"--draft-model {path}: no such file", field="draft_model")
         mp = ll.llama_model_default_params()
@@ -64,6 +66,9 @@ class ModelDrafter:
         self.held: dict[int, list[int]] = {}
         self.level: dict[int, tuple[int, int, int]] = {}
         self.batch = ll.llama_batch_init(DRAFT_CALL_TOKENS, 0, 1)
+        self.room = room
+        self.call_rows = DRAFT_CALL_TOKENS
+        self.why_off: str | None = None  # why it drafts nothing from now on (its cache refused, a failed call)
 
     def close(self) -> None:
         if self.ctx is not None:
@@ -79,6 +84,11 @@ class ModelDrafter:
             return
         if self.ctx is not None:
             ll.llama_free(self.ctx)
+            self.ctx = self.mem = None
+        self.held.clear()
+        self.level.clear()
+        if self.room is not None and (why := self.room(self.model, n_cells)) is not None:
+            raise _Off(why)
         cp = ll.llama_context_default_params()
         cp.n_seq_max, cp.n_ctx = n_seqs, n_cells
         cp.n_batch = cp.n_ubatch = DRAFT_CALL_TOKENS
@@ -86,17 +96,25 @@ class ModelDrafter:
         cp.kv_unified = True  # one pool of cells: short histories leave room for long ones
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
-            raise UserError(f"--draft-model {self.path}: llama.cpp could not make a cache of {n_cells:,} cells",
-                            field="draft_model")
+            raise _Off(f"llama.cpp could not make a draft cache of {n_cells:,} cells")
         self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
         self.n_seqs, self.n_cells = n_seqs, n_cells
-        self.held.clear()
-        self.level.clear()
+        self.call_rows = min(DRAFT_CALL_TOKENS, ll.llama_n_batch(ctx))
 
     def draft_many(self, agents: list[Agent], rooms: list[int], n_seqs: int, n_cells: int) -> list[list[int]]:
         """Each agent's draft, at most its room ([] where its room is 0): the draft model's greedy guesses past
         its history and its next token. n_seqs, n_cells: the target's cache shape (the draft's follows)."""
         out: list[list[int]] = [[] for _ in agents]
+        if self.why_off is not None:
+            return out
+        try:
+            return self._draft(agents, rooms, n_seqs, n_cells, out)
+        except _Off as off:  # no traceback mid-run: the swarm goes on without drafts, and says why
+            self.why_off = str(off)
+            return [[] for _ in agents]
+
+    def _draft(self, agents: list[Agent], rooms: list[int], n_seqs: int, n_cells: int,
+               out: list[list[int]]) -> list[list[int]]:
         live = [i for i, (a, r) in enumerate(zip(agents, rooms, strict=True)) if r > 0 and a.next_token is not None]
         if not live:
             return out
@@ -155,8 +173,8 @@ class ModelDrafter:
         sequence's first draft (None: too unsure), from its last row's logits."""
         rows = [(seq, tok, pos + j, j == len(toks) - 1) for seq, (pos, toks) in feeds for j, tok in enumerate(toks)]
         firsts: dict[int, int | None] = {}
-        for c in range(0, len(rows), DRAFT_CALL_TOKENS):
-            call = rows[c:c + DRAFT_CALL_TOKENS]
+        for c in range(0, len(rows), self.call_rows):
+            call = rows[c:c + self.call_rows]
             self._call([(s, t, p) for s, t, p, _ in call], [last for *_, last in call])
             for j, (seq, _, _, last) in enumerate(call):
                 if last:
@@ -179,7 +197,7 @@ class ModelDrafter:
         if ret == 1:
             raise _NoRoom
         if ret != 0:
-            raise RuntimeError(f"llama_decode returned {ret} on the draft model")
+            raise _Off(f"llama_decode returned {ret} on the draft model")
 
     def _guess(self, row: int) -> int | None:
         """The draft model's top token at a row, where it is at least P_MIN likely; else None."""
@@ -191,3 +209,7 @@ class ModelDrafter:
 
 class _NoRoom(Exception):
     """The draft model's cache has no cells for a call (llama_decode returned 1)."""
+
+
+class _Off(Exception):
+    """The draft model cannot go on (its cache refused, a call failed): why, in one line."""
