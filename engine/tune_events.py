@@ -316,10 +316,11 @@ class Speculated(TuneEvent):
     """A speculation experiment's end (engine/tune/draft_trial.py): under --draft auto, the measured rule's
     drafts against none in interleaved pairs of blocks of decode steps; the gain in decode tokens per second
     with its two-sided 95% bounds (measured), the drafted and kept tokens, what it did (kept, off, gave up,
-    abandoned when a person set a length), its blocks' seconds and the tokens the losing side cost."""
+    ended with the run, abandoned when a person set a length), its blocks' seconds and the tokens the
+    candidate's blocks cost against the incumbent's rate."""
 
     phase: ClassVar[str] = "speculation"
-    result: str  # kept | off | gave up | abandoned
+    result: str  # kept | off | gave up | ended | abandoned
     pairs: int
     gain: float | None
     low: float | None

@@ -4,6 +4,8 @@ experiment's cost is the tuner's, and a length set by hand ends its say."""
 
 import itertools
 
+import pytest
+
 from swarmtune.engine.backends.sim_backend import _WORDS, SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -76,17 +78,19 @@ def test_drafts_that_are_kept_stay_on(monkeypatch):
     e.close()
 
 
-def test_a_length_set_by_hand_ends_the_tuners_say():
+@pytest.mark.parametrize("length", [4, 0])
+def test_a_length_set_by_hand_ends_the_tuners_say(length):
     e, tuner = _swarm()
     recs = []
     while not tuner.drafting.running:
         recs.append(e.step())
         assert len(recs) < 2000
-    e.request(Control(draft=4))
+    e.request(Control(draft=length))  # 0 too: a person who turns drafts off keeps them off
     recs += [e.step() for _ in range(600)]
     said = _spoken(recs)
     assert [s.result for s in said] == ["abandoned"]
-    assert e.state().draft == DraftSetting(4) and tuner.drafting.auto is None
+    assert e.state().draft == DraftSetting(length) and tuner.drafting.auto is None
+    assert {r.draft_setting for r in recs[-300:] if r.kind == "decode"} == {str(length)}
 
 
 def test_a_fixed_length_is_left_alone():

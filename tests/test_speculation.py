@@ -104,6 +104,18 @@ def test_greedy_output_is_the_same_tokens_with_a_draft_model(model_path, kv, mon
     assert {a: spec.streams[a][:n] for a, n in common.items()} == {a: plain.streams[a][:n] for a, n in common.items()}
 
 
+@pytest.mark.model
+def test_a_draft_model_under_the_tuner(tmp_path, model_path):
+    # the tuner's forecasts run shadows of the swarm on a simulator, which has no text to draft from: they
+    # run without the draft model, and the run goes on with it
+    out = run_cli("record", "--steps", "40", "--agents", "2", "--threads", "2", "--draft-model", str(model_path),
+                  "--autotune", "tokens_per_s", "-o", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert lines[0]["settings"]["draft_model"] == str(model_path)
+    assert any(x.get("kind") == "tune" for x in lines[1:])
+
+
 def test_a_draft_model_that_cannot_draft_is_one_line(tmp_path, model_path):
     import tests.tiny_gguf as tg
 

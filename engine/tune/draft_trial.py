@@ -10,8 +10,9 @@ leaving prefill out keeps a block's noise the decode's. The pairs alternate whic
 trend (contexts growing) falls on both. An experiment runs only while no other does (the tuner's looks
 wait for it, and it for them), and the next one comes after RETRY_STEPS decode steps, twice as many each
 time drafts were turned off (contexts grow, and with them what a shared KV read saves), up to RETRY_MAX.
-Its cost is the tuner's: its blocks' seconds and the tokens the losing side made fewer than the winner's
-rate would have (engine/tune/cost.py)."""
+Its cost is the tuner's: its blocks' seconds, its switches, and the tokens the candidate's blocks made
+fewer than the incumbent's rate would have (engine/tune/cost.py). A length a person sets (0 included) ends
+its say; a block cut by the run's end leaves the side that was in force before it."""
 
 import math
 import statistics
@@ -47,11 +48,15 @@ class DraftTrial:
 
     def __init__(self, cost: Spending) -> None:
         self.cost = cost
+        self.auto: DraftSetting | None = None  # the user's --draft auto: the tuner's to decide (None: not)
+        self.expected: DraftSetting | None = None  # the live setting as the tuner last left it
+        self.on = True  # drafts ride outside experiments (the user's auto, until measured otherwise)
+        self._incumbent = True  # the side in force when the experiment under way began
         self.restart()
 
     def restart(self) -> None:
-        self.auto: DraftSetting | None = None  # the user's --draft auto: the tuner's to decide (None: not)
-        self.on = True  # drafts ride outside experiments (the user's auto, until measured otherwise)
+        """The tuner on (again): no experiment under way, the next at once. Whose the draft length is, and
+        the last verdict, are kept: a tuner turned off mid-block gives auto back at its next record."""
         self.blocks: list[_Block] = []
         self.wait_steps = 0  # the first experiment at once: the rule's lengths have not been measured against none
         self.since = 0  # decode steps since the last experiment ended
@@ -61,25 +66,27 @@ class DraftTrial:
     def running(self) -> bool:
         return bool(self.blocks)
 
-    def observe(self, engine: EngineView, rec: StepRecord, free: bool) -> list[TuneEvent]:
+    def observe(self, engine: EngineView, rec: StepRecord, free: bool, run_s: float | None) -> list[TuneEvent]:
         """A record: taken into the block under way, or counted toward the next experiment (free: no other
-        experiment under way, so one may start)."""
+        experiment under way, so one may start; run_s: the run's end, where known)."""
         live = engine.state().draft or DraftSetting(engine.s.draft_tokens, engine.s.draft_auto)
         if self.auto is None:
             if not (live.auto and live.tokens):
                 return []
-            self.auto = live  # owned from here: a person's later change of the draft length ends it
-        if live != self.auto and live.tokens:  # a person set a length: theirs from now on
+            self.auto = self.expected = live  # owned from here: a person's later change of it ends that
+        if live != self.expected:  # a person set the length (0 included): theirs from now on
             out = self._end(engine, "abandoned") if self.running else []
-            self.auto = None
+            self.auto = self.expected = None
             return out
-        if rec.kind != "decode" or rec.reference:
-            return []
+        if not self.running and self.on != bool(live.tokens):  # its verdict, where a restart left a block's
+            self._set(engine, self.on)
+        if rec.kind != "decode" or rec.reference or not rec.batch or rec.prefill_tokens:
+            return []  # a chunk riding the step (--mix) is prefill's seconds, not the drafts'
         if not self.running:
             self.since += 1
             if free and self.since >= self.wait_steps:
-                self.blocks = [_Block(drafts=True)]
-                self._set(engine, True)
+                self.blocks = [_Block(drafts=self.on)]  # the incumbent first
+                self._incumbent = self.on
             return []
         b = self.blocks[-1]
         b.steps += 1
@@ -87,6 +94,8 @@ class DraftTrial:
         b.seconds += rec.seconds + rec.residency_seconds
         b.drafted += rec.drafted
         b.accepted += rec.accepted
+        if run_s is not None and engine.now_s() >= run_s:
+            return self._end(engine, "ended")
         if b.steps < BLOCK_STEPS:
             return []
         if len(self.blocks) % 2 == 0 and (verdict := self._verdict()) is not None:
@@ -100,12 +109,13 @@ class DraftTrial:
     def _set(self, engine: EngineView, drafts: bool) -> None:
         assert self.auto is not None
         want = self.auto if drafts else DraftSetting(0)
-        if (engine.state().draft or DraftSetting(engine.s.draft_tokens, engine.s.draft_auto)) == want:
+        if self.expected == want:
             return
         try:
             engine.request(Control(draft=want))
         except UserError:  # the model cannot take it now: nothing moved
             return
+        self.expected = want
         self.cost.switches += 1
 
     @staticmethod
@@ -131,27 +141,32 @@ class DraftTrial:
     def _verdict(self) -> str | None:
         pairs = len(self.blocks) // 2
         b = self._bounds(self.blocks)
-        if pairs < MIN_PAIRS or b is None:
-            return None
         bar = math.log1p(BAR)
-        if b[1] > bar:
+        if pairs >= MIN_PAIRS and b is not None and b[1] > bar:
             return "kept"
-        if b[2] < bar:
+        if pairs >= MIN_PAIRS and b is not None and b[2] < bar:
             return "off"
         return "gave up" if pairs >= MAX_PAIRS else None
 
     def _end(self, engine: EngineView, result: str) -> list[TuneEvent]:
+        """An experiment's end: the swarm at the verdict (the incumbent unless kept or shown off), its record,
+        its cost."""
         blocks, self.blocks = self.blocks, []
-        self.on = result == "kept"
+        inc = self._incumbent
+        self.on = {"kept": True, "off": False, "gave up": inc, "ended": inc, "abandoned": inc}[result]
         if result != "abandoned":
             self._set(engine, self.on)
         self.since = 0
-        self.wait_steps = self.retry
-        self.retry = RETRY_STEPS if self.on else min(2 * self.retry, RETRY_MAX)
-        won = [x for x in blocks if x.drafts == self.on and x.steps]
-        lost_side = [x for x in blocks if x.drafts != self.on and x.steps]
-        rate = sum(x.tokens for x in won) / max(sum(x.seconds for x in won), 1e-9) if won else 0.0
-        lost = sum(rate * x.seconds - x.tokens for x in lost_side) if won else 0.0
+        if self.on:  # contexts grow: drafts that pay are measured again soon, those that do not less and less
+            self.retry = self.wait_steps = RETRY_STEPS
+        else:
+            self.wait_steps, self.retry = self.retry, min(2 * self.retry, RETRY_MAX)
+        # as the tuner's other experiments: what the candidate's blocks made fewer than the incumbent's rate
+        # would have over the same seconds (negative where it gained)
+        ins = [x for x in blocks if x.drafts == inc and x.steps]
+        cands = [x for x in blocks if x.drafts != inc and x.steps]
+        rate = sum(x.tokens for x in ins) / max(sum(x.seconds for x in ins), 1e-9) if ins else 0.0
+        lost = sum(rate * x.seconds - x.tokens for x in cands) if ins else 0.0
         seconds = sum(x.seconds for x in blocks)
         self.cost.experiments += 1
         self.cost.experiment_s += seconds
@@ -161,8 +176,10 @@ class DraftTrial:
         drafted, accepted = sum(x.drafted for x in blocks), sum(x.accepted for x in blocks)
         src = "measured" if engine.backend.source == "measured" else "simulated"
         said = "not measured" if gain is None else f"{gain:+.1%} (95%: {low:+.1%} to {high:+.1%}) ({src})"
+        held = "drafts on" if self.on else "drafts off"
         what = {"kept": f"drafts kept: past +{BAR:.0%}", "off": f"drafts off: short of +{BAR:.0%}",
-                "gave up": f"drafts off: no verdict after {len(blocks) // 2} pairs",
+                "gave up": f"{held}: no verdict after {len(blocks) // 2} pairs",
+                "ended": f"{held}: the run ended first",
                 "abandoned": "abandoned: the draft length was set by hand"}[result]
         why = (f"tune speculation: the rule's drafts against none over {len(blocks) // 2} interleaved pairs of "
                f"{BLOCK_STEPS} decode steps: decode tok/s {said}; {accepted:,} of {drafted:,} drafted "

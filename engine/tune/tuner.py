@@ -105,7 +105,7 @@ class Tuner:
         self.checks.observe(rec, self.goal)
         if self.trials.exp is not None:
             return out + self.trials.step(engine, rec)
-        out += self.drafting.observe(engine, rec, free=self._looked)
+        out += self.drafting.observe(engine, rec, free=self._looked, run_s=self.goal.run_s)
         if self.drafting.running:  # its blocks are the swarm's for now: a look waits for its verdict
             return out
         first_look = not self._looked and self.forecaster.simulator(engine) is not None
