@@ -225,7 +225,10 @@ class BatchRunner:
         # drafts ride every decode step but a reference (its time is batch 1's without them)
         self.drafts.set_length(self.s.draft_tokens, self.s.draft_auto)
         self.drafts.spent_s = 0.0
-        drafts = self.drafts.for_batch(batch, self.s.draft_tokens) if self.s.draft_tokens and not note else None
+        # a step that carries a prefill chunk (--mix) carries no drafts: the chunk, planned for it, would
+        # otherwise wait, and be planned again, as long as drafts ride every step
+        drafts = self.drafts.for_batch(batch, self.s.draft_tokens) \
+            if self.s.draft_tokens and not note and plan.mixed is None else None
         # a prefill chunk rides a plain step: not a reference's (batch 1's own time) nor a verify step
         mixed = plan.mixed if not note and drafts is None else None
         while True:
