@@ -103,8 +103,10 @@ class Drafts:
         n_seqs, per_seq = getattr(self.backend, "n_seqs", 1), getattr(self.backend, "ctx_per_seq", 0)
         out = self.model.draft_many(batch, rooms, n_seqs, n_seqs * per_seq)
         self.spent_s = time.perf_counter() - t0
-        if self.policy is not None:
-            self.policy.drafting(max(map(len, out)), self.spent_s)
+        if self.policy is not None and self.model.rounds:
+            # a drafted token's cost: the calls after the first, which also brings the cache level with
+            # everything new (a tool's result, or all since the rule last measured) and would inflate it
+            self.policy.drafting(self.model.rounds, self.model.round_s)
         return out if any(out) else None
 
     def observed(self, batch: int, seconds: float, drafted: int) -> None:

@@ -10,6 +10,7 @@ generation. Its seconds are the step's
 (Drafts.spent_s): the draft model runs on the same device, between the target's steps."""
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,9 @@ class ModelDrafter:
         self.room = room
         self.call_rows = DRAFT_CALL_TOKENS
         self.why_off: str | None = None  # why it drafts nothing from now on (its cache refused, a failed call)
+        # the last draft's calls past the first (one a drafted token, the batch's agents in each) and their
+        # seconds: what a drafted token costs, apart from bringing the cache level (a catch-up of any size)
+        self.rounds, self.round_s = 0, 0.0
 
     def close(self) -> None:
         if self.ctx is not None:
@@ -124,15 +128,18 @@ class ModelDrafter:
         try:
             firsts = self._decode_feeds(feeds)
             cur = {i: self._take(out[i], firsts[k]) for k, i in enumerate(live)}
+            self.round_s, self.rounds, t0 = 0.0, 0, time.perf_counter()
             while True:  # one call per drafted token, every agent still drafting in it
                 go = [i for i in live if cur[i] is not None and len(out[i]) < rooms[i]]
                 if not go:
                     break
                 rows = [(agents[i].seq, out[i][-1], len(targets[i]) + len(out[i]) - 1) for i in go]
                 got = self._decode_rows(rows)
+                self.rounds += 1
                 for i, tok in zip(go, got, strict=True):
                     self.held[agents[i].seq].append(out[i][-1])
                     cur[i] = self._take(out[i], tok)
+            self.round_s = time.perf_counter() - t0
         except _NoRoom:  # the draft's cache is full: it starts empty, and this step drafts nothing
             ll.llama_memory_clear(self.mem, True)
             self.held.clear()
