@@ -123,8 +123,9 @@ class ModelDrafter:
         if not live:
             return out
         self._ensure(max(n_seqs, 1 + max(agents[i].seq for i in live)), n_cells)
-        targets = {i: [*agents[i].history, agents[i].next_token or 0] for i in live}  # next_token: not None here
-        feeds = [(agents[i].seq, self._bring_level(agents[i], targets[i])) for i in live]
+        # each agent's history and its next token: where the draft goes on from (not copied: a step's host work)
+        ends = {i: len(agents[i].history) + 1 for i in live}
+        feeds = [(agents[i].seq, self._bring_level(agents[i])) for i in live]
         try:
             firsts = self._decode_feeds(feeds)
             cur = {i: self._take(out[i], firsts[k]) for k, i in enumerate(live)}
@@ -133,7 +134,7 @@ class ModelDrafter:
                 go = [i for i in live if cur[i] is not None and len(out[i]) < rooms[i]]
                 if not go:
                     break
-                rows = [(agents[i].seq, out[i][-1], len(targets[i]) + len(out[i]) - 1) for i in go]
+                rows = [(agents[i].seq, out[i][-1], ends[i] + len(out[i]) - 1) for i in go]
                 got = self._decode_rows(rows)
                 self.rounds += 1
                 for i, tok in zip(go, got, strict=True):
@@ -155,25 +156,25 @@ class ModelDrafter:
         draft.append(tok)
         return None if ll.llama_vocab_is_eog(self.vocab, tok) else tok
 
-    def _bring_level(self, a: Agent, target: list[int]) -> tuple[int, list[int]]:
-        """Removes the cells of a's sequence past what it shares with target; returns (position, tokens to
-        decode), at least target's last (its logits give the first draft)."""
+    def _bring_level(self, a: Agent) -> tuple[int, list[int]]:
+        """Removes the cells of a's sequence past what it shares with a's history; returns (position, tokens to
+        decode): the history past that, then its next token (whose logits give the first draft)."""
+        hist = a.history
         held = self.held.setdefault(a.seq, [])
         who, edits, upto = self.level.get(a.seq, (-1, -1, 0))
         # the same agent, no edit since it was last level: its first `upto` tokens are still the agent's, only
         # the drafts past them can differ
-        p = min(upto, len(held), len(target)) if (who, edits) == (a.id, a.edits) else 0
-        n = min(len(held), len(target) - 1)
-        while p < n and held[p] == target[p]:
+        p = min(upto, len(held), len(hist)) if (who, edits) == (a.id, a.edits) else 0
+        n = min(len(held), len(hist))
+        while p < n and held[p] == hist[p]:
             p += 1
-        p = min(p, len(target) - 1)
         if p < len(held) and not ll.llama_memory_seq_rm(self.mem, a.seq, p, -1):
             # a state that cannot be cut (a recurrent draft model): drop it whole and decode all again
             ll.llama_memory_seq_rm(self.mem, a.seq, -1, -1)
             p = 0
         del held[p:]
-        self.level[a.seq] = (a.id, a.edits, len(target) - 1)
-        return p, target[p:]
+        self.level[a.seq] = (a.id, a.edits, len(hist))
+        return p, [*hist[p:], a.next_token or 0]  # next_token: not None for an agent asked to draft
 
     def _decode_feeds(self, feeds: list[tuple[int, tuple[int, list[int]]]]) -> list[int | None]:
         """Decodes each sequence's tokens from its position, in calls of at most DRAFT_CALL_TOKENS rows; each
