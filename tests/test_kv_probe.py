@@ -2,6 +2,8 @@
 left as it was; the points it times are where it says; a type against itself scales a fit by about 1;
 and the simulated side cache is as strict as the live one."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,30 @@ def test_attention_too_small_to_time_gives_one_ratio_for_the_whole_step():
     p = _probe((0.030, 0.0301), (0.020, 0.0201))  # attention under a tenth of the step: its slope is noise
     fixed, per_token = p.ratios
     assert fixed == per_token == pytest.approx(0.0201 / 0.0301)
+
+
+def test_a_probes_step_error_grows_with_its_steps_spread_and_past_its_long_point():
+    # lines as in the split test above: q8_0's step over f16's at 512 tokens is what the ratios forecast
+    base, other = (0.030 + 0.1e-3 * 64, 0.030 + 0.1e-3 * 512), (0.030 + 0.1e-3 / 3 * 64, 0.030 + 0.1e-3 / 3 * 512)
+    p = _probe(base, other)
+    assert p.step_error(512) == pytest.approx(0.0, abs=1e-9)  # no spread kept: the points taken as exact
+    noisy = dataclasses.replace(p, spread={"f16": [0.001, 0.001], "q8_0": [0.001, 0.001]})
+    at_long = noisy.step_error(512)
+    # each point 1 ms either way: at the long point q8_0's 47.1 ms over f16's 81.2 ms lies in 46.1/82.2..48.1/80.2
+    used = other[1] / base[1]
+    assert at_long == pytest.approx(max((other[1] + 0.001) / (base[1] - 0.001) / used - 1,
+                                        1 - (other[1] - 0.001) / (base[1] + 0.001) / used))
+    # past the long point the lines are extrapolated: the same spreads say less and less of a longer history
+    assert at_long < noisy.step_error(2048) < noisy.step_error(8192)
+
+
+def test_an_unsplit_probe_is_off_by_what_its_whole_step_ratio_leaves_out_at_longer_contexts():
+    # attention too small to time apart at 64-512 tokens: one ratio for the whole step; the lines' own ratio
+    # at 8,192 tokens differs from it, and a forecast there may be off by that much
+    p = _probe((0.030, 0.0310), (0.020, 0.0215))
+    assert not p.split
+    assert p.step_error(512) == pytest.approx(0.0, abs=1e-9)
+    assert p.step_error(8192) > 0.05
 
 
 def test_the_long_point_follows_the_swarm_within_its_bounds():

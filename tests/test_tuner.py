@@ -14,6 +14,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.measure.kv_probe import KvProbe
 from swarmtune.engine.model.profiles import misstated, profile
 from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
@@ -467,6 +468,54 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     trial = e.tuner.propose(e, cur, base, kv_only=True)
     assert trial is not None and trial.to.kv == KV("q8_0") and trial.exploratory, trial
     assert "never timed here" in trial.why
+
+
+def test_a_kv_type_timed_only_by_a_noisy_probe_is_tried_only_as_an_exploration(monkeypatch):
+    """A KV type whose step times stand on its side-cache probe is forecast on ratios each probe point's steps
+    spread around (each point a median of 3): where that spread could move its step time more than the
+    stated error, its gain is judged against the spread, and a gain within it is an exploration. The same
+    probe with tight points proposes it as an experiment past its error."""
+    p = profile(SIM)
+    s = EngineSettings(agents=4, ctx_per_agent=p.context_per_agent, gen_tokens=64, tool_tokens=128, seed=1,
+                       check=False)
+    goal = Goal(allowed_kv=(KV("f16"), KV("q8_0")), run_s=300.0, explore_share=0.0, **FAST)
+    e = Engine(_TimedSim(p), s, tuner=Tuner(goal), autotune=True)
+    for _ in range(40):
+        e.step()
+    e.tuner._convert_tried = True  # no probe of its own: the one below stands for q8_0
+    cur, q8 = Setting(4, KV("f16"), "keep"), Setting(4, KV("q8_0"), "keep")
+    base = e.tuner.forecast(e, cur)
+    assert base is not None
+    real_forecast = Forecaster.forecast
+
+    def better_q8(self, engine, setting, seeds=None, scale=None):
+        runs = real_forecast(self, engine, setting, seeds, scale)
+        if runs is not None and setting.kv == KV("q8_0"):
+            for run in runs:
+                run[-1].tokens = int(run[-1].tokens * 1.4)
+        return runs
+
+    monkeypatch.setattr(Forecaster, "forecast", better_q8)
+    monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [q8])
+    line = [(4, 68.0, 0.020), (4, 516.0, 0.030)]  # both types alike: the probe changes no forecast itself
+
+    def probed(spread_s: float) -> KvProbe:
+        return KvProbe(KV("q8_0"), KV("f16"), 4, (64, 512), {KV("f16"): line, KV("q8_0"): line}, {}, 1.0,
+                       spread={KV("f16"): [spread_s] * 2, KV("q8_0"): [spread_s] * 2})
+
+    e.tuner.measured.probes[KV("q8_0")] = probed(0.0001)
+    assert e.tuner.proposer.timed(e, KV("q8_0"))
+    trial = e.tuner.propose(e, cur, base, kv_only=True)
+    assert trial is not None and trial.to == q8 and not trial.exploratory, trial.why
+    e.tuner.trials.exp = None
+    e.tuner.measured.probes[KV("q8_0")] = probed(0.008)  # each point 8 ms either way of its median
+    err = e.tuner.measured.probe_error(e, KV("q8_0"))
+    assert err is not None and err[0] > 0.5
+    assert e.tuner.propose(e, cur, base, kv_only=True) is None  # within that error, and no exploration budget
+    e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
+    trial = e.tuner.propose(e, cur, base, kv_only=True)
+    assert trial is not None and trial.exploratory and "side-cache probe's spread" in trial.why, trial.why
+    assert trial.forecast_error == pytest.approx(err[0], abs=1e-4) and "probe" in trial.forecast_error_source
 
 
 def test_every_seed_of_a_forecast_has_the_same_spans_while_the_clock_moves(monkeypatch):

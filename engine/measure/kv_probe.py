@@ -20,7 +20,7 @@ are, and they let the tuner's first look come before the swarm has prefilled any
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from swarmtune.engine.backends.backend import Backend
@@ -51,11 +51,47 @@ class KvProbe:
     prefill: dict[KVSetting, list[tuple[int, int, float]]]  # per type: (tokens, first position, seconds) per chunk
     wall_s: float  # what the probe took, side caches and their prefills (or conversions) included
     history: str = "prefilled"  # how the side caches got their history: prefilled, or converted from an agent's
+    # per type, per decode point (in `decode`'s order): half the range of its timed steps' seconds (measured;
+    # none: taken as exact)
+    spread: dict[KVSetting, list[float]] = field(default_factory=dict)
 
     def _at(self, kv: KVSetting, batch: int) -> tuple[float, float]:
         """Seconds a step at the short and at the long context, at this batch."""
         lo, hi = (sec for b, _, sec in self.decode[kv] if b == batch)
         return lo, hi
+
+    def _spread_at(self, kv: KVSetting, batch: int) -> tuple[float, float]:
+        """How far the short and the long point's seconds may be off (0 where not measured)."""
+        spreads = self.spread.get(kv) or [0.0] * len(self.decode[kv])
+        lo, hi = (e for (b, _, _), e in zip(self.decode[kv], spreads, strict=True) if b == batch)
+        return lo, hi
+
+    def step_error(self, context: float) -> float:
+        """How far a forecast's step time at this type may be off at `context` tokens per sequence (relative):
+        the two types' lines through their points at the probe's batch, each point anywhere within its steps'
+        spread, give the probed type's step over the base type's between two ends; this is the farther end
+        from the ratio the forecast uses (`ratios` on the base line). Past the long point the lines are
+        extrapolated, and a spread grows with the distance: a probe of short histories says little of long
+        ones. Measured spreads; 0 where the probe kept none."""
+        (lo, hi), lo_r, hi_r = self.contexts, *RATIO_BOUNDS
+        w_hi = (context - lo) / (hi - lo)  # the long point's weight in the line's value at `context`
+        w_lo = 1 - w_hi
+
+        def ends(kv: KVSetting) -> tuple[float, float, float]:
+            (t_lo, t_hi), (e_lo, e_hi) = self._at(kv, self.batch), self._spread_at(kv, self.batch)
+            mid = w_lo * t_lo + w_hi * t_hi
+            off = abs(w_lo) * e_lo + abs(w_hi) * e_hi
+            return mid - off, mid, mid + off
+
+        b_min, b_mid, b_max = ends(self.base_kv)
+        x_min, _, x_max = ends(self.kv)
+        fixed, per_token = self.ratios
+        b_fixed, b_slope, _ = self._line(self.base_kv)
+        used = (b_fixed * fixed + b_slope * context * per_token) / b_mid if b_mid > 0 else 1.0
+        low = min(max(x_min / b_max, lo_r), hi_r) if b_max > 0 and x_min > 0 else lo_r
+        high = min(max(x_max / b_min, lo_r), hi_r) if b_min > 0 else hi_r
+        used = min(max(used, lo_r), hi_r)
+        return max(high / used - 1, 1 - low / used)
 
     def _line(self, kv: KVSetting) -> tuple[float, float, float]:
         """(intercept, slope per context token, seconds at the long point) of kv's steps at the probe's batch."""
@@ -94,6 +130,7 @@ class KvProbe:
                 "decode": {k: [[b, round(c, 1), round(s, 6)] for b, c, s in v] for k, v in self.decode.items()},
                 "prefill": {k: [[n, p, round(s, 6)] for n, p, s in v] for k, v in self.prefill.items()},
                 "ratio_fixed": round(fixed, 4), "ratio_per_token": round(per_token, 4), "ratio_split": self.split,
+                "spread": {k: [round(e, 6) for e in v] for k, v in self.spread.items()},
                 "probe_seconds": round(self.wall_s, 3), "history": self.history,
                 "source": "measured in a side cache"}
 
@@ -105,39 +142,43 @@ def long_context(mean_context: float, ctx_per_agent: int) -> int:
     return int(max(2 * SHORT_CONTEXT, min(want, ctx_per_agent - STEPS - WARMUP - 8)))
 
 
-def _time_one(backend: Backend, batch: int, long: int) -> tuple[list[tuple[int, float, float]],
-                                                                list[tuple[int, int, float]]]:
-    """In the side cache: the history prefilled chunk by chunk, then the decode points."""
+Points = list[tuple[int, float, float]]  # (batch, mean context, seconds a step)
+
+
+def _time_one(backend: Backend, batch: int, long: int) -> tuple[Points, list[float], list[tuple[int, int, float]]]:
+    """In the side cache: the history prefilled chunk by chunk, then the decode points and their spreads."""
     tokens = filler_tokens(backend, long)
     prefill = []
     step = min(PREFILL_CHUNK, backend.max_chunk_tokens)
     for pos in range(0, long, step):
         chunk = tokens[pos : pos + step]
         prefill.append((len(chunk), pos, backend.prefill(0, chunk, pos)))
-    return decode_points(backend, batch, long), prefill
+    return *decode_points(backend, batch, long), prefill
 
 
-def decode_points(backend: Backend, batch: int, long: int) -> list[tuple[int, float, float]]:
+def decode_points(backend: Backend, batch: int, long: int) -> tuple[Points, list[float]]:
     """With sequence 0 holding `long` tokens: (batch, mean context, seconds a step) at that history for
-    `batch` sequences, and at the short point for `batch` and for one; sequence 0 is left cut to it."""
+    `batch` sequences, and at the short point for `batch` and for one, with each point's spread (half the
+    range of its steps' seconds); sequence 0 is left cut to the short point."""
     mid = WARMUP + (STEPS + 1) / 2  # a step at position L + i reads L + i + 1 cells
-    decode = [(batch, long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True).seconds_per_step)]
+    timed = [(long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True))]
     backend.truncate(0, SHORT_CONTEXT)  # the same cells, cut to the short point
     for b in (batch, 1) if batch > 1 else (1,):
-        sec = time_decode(backend, b, SHORT_CONTEXT, STEPS, WARMUP, filled=True).seconds_per_step
-        decode.append((b, SHORT_CONTEXT + mid, sec))
-    return sorted(decode, key=lambda d: (d[0], d[1]))
+        timed.append((SHORT_CONTEXT + mid, time_decode(backend, b, SHORT_CONTEXT, STEPS, WARMUP, filled=True)))
+    timed.sort(key=lambda p: (p[1].batch, p[0]))
+    return [(t.batch, c, t.seconds_per_step) for c, t in timed], [t.spread_s for _, t in timed]
 
 
 def probe_kv(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, long: int) -> KvProbe:
     """Times base_kv and kv alike in side caches of `batch` sequences; the live cache is left as it was.
     Raises UserError where this build cannot make a context of that type."""
     t0 = time.perf_counter()
-    decode, prefill = {}, {}
+    decode, spread, prefill = {}, {}, {}
     for k in (base_kv, kv):
         with backend.side_cache(k, batch, long + STEPS + WARMUP + 8):
-            decode[k], prefill[k] = _time_one(backend, batch, long)
-    return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, prefill, time.perf_counter() - t0)
+            decode[k], spread[k], prefill[k] = _time_one(backend, batch, long)
+    return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, prefill, time.perf_counter() - t0,
+                   spread=spread)
 
 
 def probe_kv_converted(backend: Backend, base_kv: KVSetting, kv: KVSetting, batch: int, seq: int,
@@ -149,13 +190,13 @@ def probe_kv_converted(backend: Backend, base_kv: KVSetting, kv: KVSetting, batc
     t0 = time.perf_counter()
     saved, _, _ = backend.save_seq(seq)
     held = backend.cells(seq)[1] + 1
-    decode = {}
+    decode, spread = {}, {}
     for k in (base_kv, kv):
         handle = saved if k == base_kv else backend.convert_saved(saved, k)[0]
         # the whole history is restored (a saved state is one piece), then cut to the long point
         with backend.side_cache(k, batch, max(held, long) + STEPS + WARMUP + 8):
             backend.restore_seq(0, handle)
             backend.truncate(0, long)
-            decode[k] = decode_points(backend, batch, long)
+            decode[k], spread[k] = decode_points(backend, batch, long)
     return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, {}, time.perf_counter() - t0,
-                   history="converted")
+                   history="converted", spread=spread)

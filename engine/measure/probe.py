@@ -20,6 +20,7 @@ class DecodeTiming:
     steps: int
     started_s: float = 0.0  # perf_counter at the first timed step (a power sensor is read over this span)
     ended_s: float = 0.0
+    spread_s: float = 0.0  # half the range of the timed steps' seconds: how far the median may be off (measured)
 
     @property
     def tokens_per_second(self) -> float:
@@ -71,4 +72,5 @@ def time_decode(backend: Backend, batch: int, context: int, steps: int = 8, warm
     ended = time.perf_counter()
     for s in seqs:
         backend.truncate(s, context)
-    return DecodeTiming(batch, context, statistics.median(times), steps, started, ended)
+    return DecodeTiming(batch, context, statistics.median(times), steps, started, ended,
+                        (max(times) - min(times)) / 2)

@@ -123,9 +123,13 @@ class Measured:
                     f"the whole step {fixed:.2f}x (attention too small here to time apart)")
             figures = {k: v for k, v in p.record().items() if k not in ("kv", "base_kv")}
             how = "" if source is None else f" on agent {source.id}'s history, converted,"
+            err = self.probe_error(engine, k)
+            noise = "" if err is None else (f"; within its steps' spread a step at {err[1]:,.0f} tokens may be "
+                                            f"{err[0]:.0%} off that (measured)")
             out.append(Probed(kv=p.kv, base_kv=p.base_kv, figures=figures,
                               why=f"tune: timed KV {k} against {base_kv} in a side cache{how} ({p.wall_s:.1f} s, batch "
-                                  f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"))
+                                  f"{p.batch}, contexts {p.contexts[0]} and {p.contexts[1]}): {what} (measured)"
+                                  + noise))
         return out
 
     def step_time_source(self, engine: EngineView, kv: KVSetting) -> str:
@@ -137,6 +141,21 @@ class Measured:
         if p is not None and engine.analysis.fit(p.base_kv) is not None:
             return f"KV {p.base_kv}'s fit scaled by a side-cache probe of both (modeled from measured ratios)"
         return "borrowed from another KV type's fit, unscaled (never timed at this type)"
+
+    def probe_error(self, engine: EngineView, kv: KVSetting) -> tuple[float, float] | None:
+        """Where kv's forecasts stand on its side-cache probe (no fit of its own yet): how far their step times
+        may be off for the probe's noise (engine/measure/kv_probe.py's step_error) at the longest context a
+        forecast reaches (each agent's share of the KV budget at kv, or its context limit; no less than the
+        swarm's mean now), and that context. None where they do not."""
+        p = self.probes.get(kv)
+        own = engine.analysis.fit(kv)
+        if p is None or (own is not None and own.samples >= MIN_OWN_FIT_SAMPLES):
+            return None
+        reach = float(engine.s.ctx_per_agent)
+        if engine.s.kv_budget_bytes is not None:
+            reach = min(reach, engine.budget_tokens(kv) / max(len(engine.agents), 1))
+        reach = max(reach, mean_context([a.context for a in engine.agents]))
+        return p.step_error(reach), reach
 
     def simulator(self, engine: EngineView) -> SimBackend | None:
         """The swarm's simulator: the card as stated on the sim, else this run calibrated."""
