@@ -5,6 +5,7 @@ gathered from the modules that drive it. Who calls them: its source (engine/agen
 between turns, the engine's step (engine/batch_runner.py, engine/kv_switch.py, engine/residency.py,
 engine/scheduler.py) within them."""
 
+import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -13,6 +14,7 @@ from swarmtune.engine.conversation.chunk_reuse import KeptChunk, unfold
 
 TAIL_CHARS = 48  # the tail of its text an agent shows
 EDITS_KEPT = 16  # how many of its last edits an agent remembers the extent of
+_MADE = itertools.count()  # each agent made in this process, numbered: `made`
 
 
 class AgentState(Enum):
@@ -63,6 +65,9 @@ class Agent:
     # hashes only what an edit changed and what was added since
     edits: int = 0
     intact: list[tuple[int, int]] = field(default_factory=list)
+    # which agent this is among all made in this process: an id and a sequence are used again by the next agent
+    # (the swarm shrunk and grown), so a cache kept beside the agent's (a draft model's) knows it by this
+    made: int = field(default_factory=lambda: next(_MADE))
     # speculation (engine/spec/): tokens it drafted into decode steps since the start, and of those the ones it kept
     drafted: int = 0
     accepted: int = 0

@@ -162,9 +162,9 @@ class ModelDrafter:
         hist = a.history
         held = self.held.setdefault(a.seq, [])
         who, edits, upto = self.level.get(a.seq, (-1, -1, 0))
-        # the same agent, no edit since it was last level: its first `upto` tokens are still the agent's, only
-        # the drafts past them can differ
-        p = min(upto, len(held), len(hist)) if (who, edits) == (a.id, a.edits) else 0
+        # the same agent (not one made since with its id and sequence), no edit since it was last level: its
+        # first `upto` tokens are still the agent's, only the drafts past them can differ
+        p = min(upto, len(held), len(hist)) if (who, edits) == (a.made, a.edits) else 0
         n = min(len(held), len(hist))
         while p < n and held[p] == hist[p]:
             p += 1
@@ -173,7 +173,7 @@ class ModelDrafter:
             ll.llama_memory_seq_rm(self.mem, a.seq, -1, -1)
             p = 0
         del held[p:]
-        self.level[a.seq] = (a.id, a.edits, len(hist))
+        self.level[a.seq] = (a.made, a.edits, len(hist))
         return p, [*hist[p:], a.next_token or 0]  # next_token: not None for an agent asked to draft
 
     def _decode_feeds(self, feeds: list[tuple[int, tuple[int, list[int]]]]) -> list[int | None]:
