@@ -40,6 +40,7 @@ class Ran:
     drafted: int = 0  # a decode: the drafted tokens it verified
     accepted: int = 0  # of those, the ones its agents kept (in `tokens`)
     prefill_tokens: int = 0  # a decode: the prefill chunk it carried in the same call
+    drafting_s: float = 0.0  # a decode: the draft model's seconds before it, in `seconds`
 
 
 class BatchRunner:
@@ -262,7 +263,8 @@ class BatchRunner:
             for a, fed, tok in zip(batch, sent, out, strict=True):
                 a.decoded(fed, step)
                 self.sampled(a, tok, seconds, agents)
-            return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note))
+            return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note),
+                       drafting_s=drafting_s)
         return landed
 
     def _mixed(self, batch: list[Agent], sent: list[int], a: Agent, chunk: int, preempted: list[int], step: int,
@@ -317,8 +319,8 @@ class BatchRunner:
                 accepted += a.context - ctx0 - 1
                 if ended:
                     self.turn_ended(a, seconds, agents)
-            return Ran("decode", batch, seconds, len(batch) + accepted, preempted,
-                       drafts=sum(1 for d in drafts if d), drafted=sum(len(d) for d in drafts), accepted=accepted)
+            return Ran("decode", batch, seconds, len(batch) + accepted, preempted, drafts=sum(1 for d in drafts if d),
+                       drafted=sum(len(d) for d in drafts), accepted=accepted, drafting_s=drafting_s)
         return landed
 
     def _launch(self, seqs: list[int], tokens: list[int], positions: list[int], launch: bool) -> Landing:

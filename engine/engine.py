@@ -322,9 +322,10 @@ class Engine:
         moved = self.moves.take()
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
         rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
-                                   ran.note, moved, self.agents, self.meter, self._step_t0)
-        rec.reference, rec.converted_tokens, rec.drafts, rec.drafted, rec.accepted, rec.prefill_tokens = (
-            ran.reference, ran.converted_tokens, ran.drafts, ran.drafted, ran.accepted, ran.prefill_tokens)
+                                   ran.note, moved, self.agents, self.meter, self._step_t0, ran.drafted,
+                                   ran.prefill_tokens, ran.drafting_s)
+        rec.reference, rec.converted_tokens, rec.drafts, rec.accepted = (
+            ran.reference, ran.converted_tokens, ran.drafts, ran.accepted)
         rec.refused_kv, rec.lost_tokens = (None if ran.refused_kv is None else ran.refused_kv.label,
                                            self.moves.take_lost())
         self.step_index += 1

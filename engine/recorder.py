@@ -24,9 +24,11 @@ class Recorder:
 
     def record(self, step: int, t: float, kind: str, batch: list[Agent], seconds: float, tokens: int,
                preempted: list[int], note: str, moved: list[Move], agents: list[Agent], meter: Meter,
-               step_t0: float) -> StepRecord:
+               step_t0: float, drafted: int = 0, prefill_tokens: int = 0, drafting_s: float = 0.0) -> StepRecord:
         """The record of a step that ended at t (the engine's clock) after these seconds, with the moves made
-        since the last record; its energy from the meter over the wall time since step_t0."""
+        since the last record; its energy from the meter over the wall time since step_t0. A decode's drafted
+        tokens, its prefill chunk and its draft model's seconds are set before the analysis reads it: it
+        learns its fits from plain steps, and from their seconds less the draft model's."""
         bm = self.backend.facts.bytes_model
         kv = self.s.kv
         b = len(batch)
@@ -49,7 +51,8 @@ class Recorder:
             source=self.backend.source, mean_context=mean_context(contexts), preempted=preempted, note=note,
             tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
             draft_setting="auto" if self.s.draft_auto else str(self.s.draft_tokens),
-            moved=moved, residency_seconds=sum(m.seconds for m in moved),
+            moved=moved, residency_seconds=sum(m.seconds for m in moved), drafted=drafted,
+            prefill_tokens=prefill_tokens, drafting_s=drafting_s,
         )
         if batch and bm.state_bytes:
             rec.state_bytes = b * bm.state_bytes

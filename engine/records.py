@@ -184,6 +184,9 @@ class StepRecord:
     # their way back from host memory or evicted from it (a KV switch's rebuild apart: `tokens` of kind
     # "rebuild"). The churn a KV budget causes, which a forecast's tally counts (left out of a line where 0)
     lost_tokens: int = 0
+    # a decode under --draft-model: the draft model's seconds before the step, counted in `seconds` (the swarm
+    # waited for them) and not in what the step-time fits learn (left out of a line where 0)
+    drafting_s: float = 0.0
     type: str = "step"
 
     @property
@@ -207,6 +210,8 @@ class StepRecord:
             del d["ended"]  # most steps end no request: a line costs what changed
         if not self.lost_tokens:
             del d["lost_tokens"]
+        if not self.drafting_s:
+            del d["drafting_s"]
         if gone:
             d["agents_gone"] = gone
         return dumps(d)

@@ -114,6 +114,29 @@ def test_a_draft_model_under_the_tuner(tmp_path, model_path):
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert lines[0]["settings"]["draft_model"] == str(model_path)
     assert any(x.get("kind") == "tune" for x in lines[1:])
+    # the draft model's seconds are the swarm's (in the step's seconds) and said apart (not the fits')
+    drafting = [x for x in lines[1:] if x.get("drafting_s")]
+    assert drafting and all(0 < x["drafting_s"] < x["seconds"] for x in drafting)
+
+
+@pytest.mark.model
+def test_a_draft_cache_follows_a_new_agent_made_with_a_gone_ones_id_and_sequence(llama_backend, model_path):
+    """The swarm shrunk and grown again makes a new agent with the id and sequence of one gone, its edits
+    counted from 0 again: the draft model's cells of that sequence become the new agent's history, not the
+    old one's cut to its length."""
+    from swarmtune.engine.spec.model_drafter import ModelDrafter
+
+    m = ModelDrafter(str(model_path), llama_backend.vocab, 2, on_device=False)
+    try:
+        old = Agent(id=3, seq=1, limit=512, history=list(range(100, 160)), next_token=7)
+        m.draft_many([old], [2], 2, 512)
+        assert m.held[1][:60] == old.history
+        new = Agent(id=3, seq=1, limit=512, history=list(range(200, 270)), next_token=9)
+        assert (new.id, new.seq, new.edits) == (old.id, old.seq, old.edits) and new.made != old.made
+        m.draft_many([new], [2], 2, 512)
+        assert m.held[1][:70] == new.history
+    finally:
+        m.close()
 
 
 def test_a_draft_model_that_cannot_draft_is_one_line(tmp_path, model_path):
@@ -162,6 +185,27 @@ def test_drafts_on_the_sim_keep_the_cache_and_count_what_they_earned():
 
     v = next(v for v in views if v.drafted)
     assert acceptance(v).plain == f"✓{v.accepted / v.drafted:.0%} "
+
+
+def test_the_step_time_fits_learn_from_plain_steps_only():
+    """A verify step computes more rows than it has agents: the step-time fits learn from plain steps, and a
+    verify step's speedup counts the tokens its agents kept. (Until 2026-12-07 a record was annotated before
+    it was told it verified drafts, and every verify step joined the fits as a plain one.)"""
+    p = profile(SIM)
+    e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, draft_tokens=4, check=False))
+    recs = [e.step() for _ in range(300)]
+    e.close()
+    decodes = [r for r in recs if r.kind == "decode" and r.batch]
+    verify = [r for r in decodes if r.drafted]
+    plain = [r for r in decodes if not r.drafted and not r.reference]
+    assert verify and plain
+    assert all(r.fit is None and r.calibrated_speedup is None for r in verify)
+    assert any(r.fit is not None for r in plain)
+    assert e.analysis.calibration(e.s.kv).fit is not None
+    rows = len(e.analysis.calibration(e.s.kv)._recent)
+    assert rows == len([r for r in decodes if not r.drafted])  # plain steps and batch-1 references, no other
+    timed = [r for r in verify if r.measured_speedup is not None]
+    assert timed and all(r.measured_speedup > r.batch * 0.5 for r in timed)
 
 
 def test_an_impossible_draft_length_is_one_line(tmp_path):
@@ -300,8 +344,12 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
         return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
             model="m", messages=msgs, max_tokens=48, temperature=0, stream=True) if ch.choices)
 
+    # each request against the same request on a server without drafts, in the same order: the second finds
+    # the first's cells and prefills only the rest, whose logits differ from a whole prefill's in the last
+    # bits, enough to flip a near tie with drafts or without (on a 2-core AVX-512 EPYC, 2026-12-07, the
+    # second answer ended "return a" on both servers, the first "return a + b")
     with served(*flags) as s:
-        want = ask(s.url, False)
+        want, want_streamed = ask(s.url, False), ask(s.url, True)
     rec = tmp_path / "r.jsonl"
     # alone on the server: other clients' rows change the step's shapes, and with them the last bits of the
     # logits, which can flip a near tie with or without drafts (the engine test covers drafts in a batch)
@@ -309,7 +357,7 @@ def test_served_greedy_text_with_drafts_is_the_text_without(tmp_path):
         got, streamed = ask(s.url, False), ask(s.url, True)
         metrics = {m.name: m.samples[0].value for m in text_string_to_metric_families(
             httpx.get(s.url + "/metrics").text) if "spec" in m.name}
-    assert len(want) > 40 and got == want and streamed == want
+    assert len(want) > 40 and got == want and streamed == want_streamed
     steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
     accepted = sum(st["accepted"] for st in steps)
     assert accepted > 0  # drafts were verified, and kept

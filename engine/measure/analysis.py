@@ -127,7 +127,9 @@ class StepAnalysis:
     def annotate(self, rec: StepRecord, contexts: list[int], read: StepRead | None,
                  power: StepPower | None) -> None:
         """Adds to a decode step's record what its numbers imply (all modeled but measured_speedup)."""
-        b, kv, seconds = rec.batch, rec.kv, rec.seconds
+        # a draft model's calls before the step are the swarm's time, not the step's: the fits and the
+        # reference learn the step alone
+        b, kv, seconds = rec.batch, rec.kv, rec.seconds - rec.drafting_s
         if rec.kind != "decode" or not b:
             return
         mean_ctx = rec.mean_context
@@ -144,7 +146,7 @@ class StepAnalysis:
                 self._reference_step(kv, mean_ctx, seconds)
             return
         if power is not None:
-            self.ledger.add(b, power.joules, rec.tokens, seconds)
+            self.ledger.add(b, power.joules, rec.tokens, rec.seconds)  # the energy of its whole wall time
         if read is not None:  # what the step read, computed once by the engine for its record
             rec.predicted_speedup = read.speedup
         cal = self.calibration(kv)
