@@ -3,6 +3,7 @@ are tried against none in interleaved pairs of blocks and kept only where the pa
 experiment's cost is the tuner's, and a length set by hand ends its say."""
 
 import itertools
+import math
 
 import pytest
 
@@ -99,3 +100,31 @@ def test_a_fixed_length_is_left_alone():
     recs = [e.step() for _ in range(800)]
     assert not _spoken(recs) and {r.draft_setting for r in recs if r.kind == "decode"} == {"4"}
     e.close()
+
+
+def test_under_joules_per_token_a_block_is_judged_on_tokens_per_joule():
+    """A verified row costs energy as well as seconds: under the tuner's joules_per_token the pairs compare
+    tokens per joule, and a block some step of which was not metered gives no pair."""
+    from swarmtune.engine.tune.cost import Spending
+    from swarmtune.engine.tune.draft_trial import DraftTrial, _Block
+
+    t = DraftTrial(Spending())
+    # drafts: 20% more tokens a second, at 50% more watts
+    blocks = [_Block(drafts=False, steps=16, tokens=100, seconds=1.0, joules=100.0),
+              _Block(drafts=True, steps=16, tokens=120, seconds=1.0, joules=150.0)]
+    assert t._diffs(blocks) == pytest.approx([math.log(1.2)])
+    t.objective = "joules_per_token"
+    assert t._diffs(blocks) == pytest.approx([math.log((120 / 150) / (100 / 100))])
+    blocks[1].metered = False
+    assert t._diffs(blocks) == []
+
+
+def test_the_trial_says_which_figure_it_judged():
+    p = profile(SIM)
+    s = EngineSettings(agents=4, batch_cap=4, seed=3, gen_tokens=256, tool_tokens=256, ctx_per_agent=8192,
+                       draft_tokens=8, draft_auto=True, check=False)
+    tuner = Tuner(Goal(run_s=300.0, forecast_seeds=1, horizon_s=20.0, epoch_s=30.0, objective="joules_per_token"))
+    e = Engine(SimBackend(p), s, tuner=tuner, autotune=True)
+    said = _spoken([e.step() for _ in range(1200)])
+    e.close()
+    assert said and "decode tokens/J" in said[0].why and said[0].pairs >= 1, [x.why for x in said]

@@ -5,7 +5,8 @@ rule's (engine/spec/draft_policy.py: each agent's share kept, a verified row's a
 live batch), so a kept verdict is the rule's lengths, and an off one is no drafts.
 
 A block is BLOCK_STEPS decode steps of the swarm (a batch-1 reference step apart), its figure their tokens
-over their seconds (drafting's seconds, a draft model's, included): drafts move decode steps only, and
+over their seconds (drafting's seconds, a draft model's, included; under the tuner's joules_per_token, over
+their joules, where every step was metered): drafts move decode steps only, and
 leaving prefill out keeps a block's noise the decode's. The pairs alternate which side goes first, so a
 trend (contexts growing) falls on both. An experiment runs only while no other does (the tuner's looks
 wait for it, and it for them), and the next one comes after RETRY_STEPS decode steps, twice as many each
@@ -41,6 +42,8 @@ class _Block:
     seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
+    joules: float = 0.0  # where every step of it was metered
+    metered: bool = True
 
 
 class DraftTrial:
@@ -51,6 +54,9 @@ class DraftTrial:
         self.auto: DraftSetting | None = None  # the user's --draft auto: the tuner's to decide (None: not)
         self.expected: DraftSetting | None = None  # the live setting as the tuner last left it
         self.on = True  # drafts ride outside experiments (the user's auto, until measured otherwise)
+        # what a block's figure is: decode tokens/s, or, under the tuner's joules_per_token, decode tokens per
+        # joule (a verified row costs a draft's energy as well as its seconds)
+        self.objective = "tokens_per_s"
         self._incumbent = True  # the side in force when the experiment under way began
         self.restart()
 
@@ -94,6 +100,10 @@ class DraftTrial:
         b.seconds += rec.seconds + rec.residency_seconds
         b.drafted += rec.drafted
         b.accepted += rec.accepted
+        if rec.joules is None:
+            b.metered = False
+        else:
+            b.joules += rec.joules
         if run_s is not None and engine.now_s() >= run_s:
             return self._end(engine, "ended")
         if b.steps < BLOCK_STEPS:
@@ -118,14 +128,16 @@ class DraftTrial:
         self.expected = want
         self.cost.switches += 1
 
-    @staticmethod
-    def _diffs(blocks: list[_Block]) -> list[float]:
-        """Per pair: log(drafts' rate / none's)."""
+    def _diffs(self, blocks: list[_Block]) -> list[float]:
+        """Per pair: log(drafts' figure / none's), the figure tokens per second, or per joule (see objective)."""
         out = []
         for k in range(0, len(blocks) - 1, 2):
             a, b = blocks[k], blocks[k + 1]
             d, n = (a, b) if a.drafts else (b, a)
-            if d.seconds > 0 and n.seconds > 0 and d.tokens > 0 and n.tokens > 0:
+            if self.objective == "joules_per_token":
+                if d.metered and n.metered and d.joules > 0 and n.joules > 0 and d.tokens > 0 and n.tokens > 0:
+                    out.append(math.log((d.tokens / d.joules) / (n.tokens / n.joules)))
+            elif d.seconds > 0 and n.seconds > 0 and d.tokens > 0 and n.tokens > 0:
                 out.append(math.log((d.tokens / d.seconds) / (n.tokens / n.seconds)))
         return out
 
@@ -181,8 +193,9 @@ class DraftTrial:
                 "gave up": f"{held}: no verdict after {len(blocks) // 2} pairs",
                 "ended": f"{held}: the run ended first",
                 "abandoned": "abandoned: the draft length was set by hand"}[result]
+        figure = "decode tokens/J" if self.objective == "joules_per_token" else "decode tok/s"
         why = (f"tune speculation: the rule's drafts against none over {len(blocks) // 2} interleaved pairs of "
-               f"{BLOCK_STEPS} decode steps: decode tok/s {said}; {accepted:,} of {drafted:,} drafted "
+               f"{BLOCK_STEPS} decode steps: {figure} {said}; {accepted:,} of {drafted:,} drafted "
                f"tokens kept; {what}; {lost:+.0f} tokens lost to it; next in {self.wait_steps} decode steps")
         return [Speculated(result=result, pairs=len(blocks) // 2, gain=gain, low=low, high=high, drafted=drafted,
                            accepted=accepted, seconds_drafts=sum(x.seconds for x in blocks if x.drafts),

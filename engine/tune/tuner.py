@@ -105,6 +105,7 @@ class Tuner:
         self.checks.observe(rec, self.goal)
         if self.trials.exp is not None:
             return out + self.trials.step(engine, rec)
+        self.drafting.objective = self.goal.objective
         out += self.drafting.observe(engine, rec, free=self._looked, run_s=self.goal.run_s)
         if self.drafting.running:  # its blocks are the swarm's for now: a look waits for its verdict
             return out
