@@ -16,7 +16,12 @@ on the mis-stated RX 9070 XT (bandwidth 30% low) static cap 8, q8_0, keep ran 66
 seeds, and a tuner run that ended on that setting 0.89-1.00 of it, as its experiments moved the agents'
 turns against the budget's fill. So a simulated condition runs DRAWS (3) seeds of its workload (its own
 seed, +10, +20), each a pass of every setting and the tuner on the same seed: a figure is the mean over the
-draws, and a ratio's spread is the min-max of the per-draw ratios, as on a real backend.
+draws, and a ratio's spread is the min-max of the per-draw ratios, as on a real backend. A real backend's
+passes draw seeds the same way: a static run there repeats its trajectory almost to the token (f16 at 1
+thread, seed 2: 24.65, 24.94 and 25.01 tok/s), while the tuner's first probe changes which agents share a
+step, and from there the tokens drawn, so one seed measures one such trajectory three times (the tuner at
+seed 2: 22.11, 22.11 and 19.65 tok/s, 0.89 of f16; at seeds 3, 4 and 5: 1.00, 1.05 and 0.99; a 1.8 s pause
+in its place changed nothing: 2-core AVX-512 EPYC, 2026-12-07).
 
 Conditions (nobody tuned the tuner on them): the simulated workload on two profiles x two seeds; cards whose
 tuner's model is mis-stated (the card runs one profile, the tuner forecasts with another: bandwidth, compute or
@@ -249,8 +254,9 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
     # the tuner runs second, between static runs: each setting's runs sit at the same mean position over the
     # passes, and the tuner's runs are never back to back
     order = [(settings[0], False), (settings[0], True)] + [(g, False) for g in settings[1:]]
-    # a real backend runs one seed RUNS times (the machine's noise); the sim, DRAWS seeds (the swarm's)
-    seeds = [seed + 10 * k for k in range(DRAWS)] if source == "simulated" else [seed] * w.get("runs", RUNS)
+    # a pass per seed (the swarm's draw and, on a real backend, the machine's noise): DRAWS on the sim, RUNS
+    # (or the workload's own count) on a real backend; every side of a pass on the same seed
+    seeds = [seed + 10 * k for k in range(DRAWS if source == "simulated" else w.get("runs", RUNS))]
     passes = len(seeds)
     runs: dict[tuple, list[dict]] = {}
 
@@ -263,7 +269,7 @@ def workload(name: str, make_backend, w: dict, seed: int, source: str) -> dict:
         runs.setdefault((cap, kv, res, tuned), []).append(r)
         what = "tuner" if tuned else f"static cap {cap}, {kv}, {res}"
         work = f", {r['turns']} turns" if r["turns"] is not None else ""
-        draw = f", seed {seeds[k]}" if source == "simulated" else ""
+        draw = f", seed {seeds[k]}"
         print(f"[{name}]   pass {k + 1}{draw}: {what}: {r['tokens_per_s']:.2f} tok/s ({r['tokens']} tokens in "
               f"{r['seconds']:.1f} s{work}; {source}); {churn_text(r['churn'])}", flush=True)
 
