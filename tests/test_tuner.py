@@ -518,6 +518,33 @@ def test_a_kv_type_timed_only_by_a_noisy_probe_is_tried_only_as_an_exploration(m
     assert trial.forecast_error == pytest.approx(err[0], abs=1e-4) and "probe" in trial.forecast_error_source
 
 
+def test_a_kv_block_is_as_long_as_the_prefill_its_switches_cause_while_the_budget_holds_agents_out():
+    """While the KV budget holds agents out, a switch to the type that holds more admits them (their histories
+    prefilled again) and the way back evicts them: that prefill is every switch's cost, so a block lasts
+    BLOCK_PER_SWITCH times it too. Without anyone waiting, the rebuild alone sets it."""
+    from swarmtune.engine.agents.agent import AgentState
+    from swarmtune.engine.tune.propose import BLOCK_PER_SWITCH
+
+    p = profile(SIM)
+    s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, gen_tokens=256, tool_tokens=1024, seed=1,
+                       kv_budget_bytes=p.kv_budget_bytes / 4, check=False)
+    e = Engine(SimBackend(p), s, tuner=Tuner(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **FAST)), autotune=True)
+    cur, q8 = Setting(8, KV("f16"), "keep"), Setting(8, KV("q8_0"), "keep")
+    assert e.tuner.forecaster.measured.readmit_s(e, cur.kv, q8.kv) == 0.0  # nobody waits yet
+    quiet = e.tuner.proposer.block_s(e, cur, q8)
+    for _ in range(3000):
+        e.step()
+        if any(a.state is AgentState.PREEMPTED and a.pending for a in e.agents):
+            break
+    waiting = sum(len(a.pending) for a in e.agents if a.state is AgentState.PREEMPTED)
+    assert waiting > 0, "the budget never held an agent out"
+    swing = abs(e.budget_tokens(KV("q8_0")) - e.budget_tokens(KV("f16")))
+    readmit = e.tuner.forecaster.measured.readmit_s(e, cur.kv, q8.kv)
+    assert readmit == pytest.approx(min(waiting, swing) / p.prefill_tokens_per_s)
+    assert e.tuner.proposer.block_s(e, cur, q8) >= max(quiet, BLOCK_PER_SWITCH * readmit) - 1e-9
+    assert e.tuner.proposer.block_s(e, cur, Setting(4, KV("f16"), "keep")) == e.tuner.goal.block_s  # a cap: none
+
+
 def test_every_seed_of_a_forecast_has_the_same_spans_while_the_clock_moves(monkeypatch):
     """On a real backend the clock moves while a forecast's seeds run one after another: near a run's end
     each would cut its horizon at a different span count, and averaging them span by span failed (an

@@ -4,7 +4,7 @@ forecasts run on it (the swarm's simulator, calibrated on it) and a switch is pr
 
 import time
 
-from swarmtune.engine.agents.agent import Agent, Residency
+from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.backends.sim_backend import SimBackend
@@ -207,6 +207,28 @@ class Measured:
             else getattr(engine.backend, "convert_bytes_per_s", CONVERT_BYTES_PER_S)
         per_type = SWITCH_FIXED_S + 2 * bm.kv_cache_bytes(base_kv, tokens) / rate + PROBE_STEPS * step_s
         return (len(kvs) + 1) * per_type
+
+    def readmit_s(self, engine: EngineView, a: KVSetting, b: KVSetting) -> float:
+        """What going between KV types a and b costs the swarm beyond the rebuild while the KV budget holds
+        agents out (preempted, their histories waiting to be prefilled again): the type that holds more
+        admits them and prefills them, the other evicts them again, so every switch of an experiment
+        prefills again about the two budgets' difference (at most what waits). At this run's prefill fit
+        (on the sim, the card's stated rate); 0 where nothing waits, no budget is set or no rate is known."""
+        if a == b or engine.s.kv_budget_bytes is None:
+            return 0.0
+        waiting = [x for x in engine.agents if x.state is AgentState.PREEMPTED and x.pending]
+        total = sum(len(x.pending) for x in waiting)
+        tokens = min(total, abs(engine.budget_tokens(a) - engine.budget_tokens(b)))
+        if tokens <= 0:
+            return 0.0
+        if isinstance(engine.backend, SimBackend):
+            return tokens / engine.backend.stated.prefill_tokens_per_s
+        cal = self.prefill.get(engine.s.kv) or next(iter(self.prefill.values()), None)
+        fit = None if cal is None else cal.fit
+        if fit is None:
+            return 0.0
+        # each waiting history prefilled from position 0, the share of them the swing admits
+        return sum(fit.seconds(len(x.pending), 0) for x in waiting) * tokens / total
 
     def switch_s(self, engine: EngineView, kv: KVSetting) -> float:
         """What one KV switch from kv is expected to cost: its rebuild, at the rate this run's switches

@@ -214,13 +214,16 @@ class Proposer:
         return 0.0 if a.kv == b.kv else self.fc.measured.switch_s(engine, a.kv)
 
     def block_s(self, engine: EngineView, a: Setting, b: Setting) -> float:
-        """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs;
-        for a residency move, at least a tool wait. Residency acts when an agent leaves for a tool (its
-        history swapped out, or kept) and when it comes back (swapped in, or found): in a block shorter than
-        a wait the one falls in one side's block and the other in the other's, so a pair measures neither
+        """A block's least length: Goal.block_s, or BLOCK_PER_SWITCH switches' worth where switching costs
+        (a KV switch while the budget holds agents out admits or evicts them again, and that prefill is the
+        switch's too: engine/tune/measured.py's readmit_s); for a residency move, at least a tool wait.
+        Residency acts when an agent leaves for a tool (its history swapped out, or kept) and when it comes
+        back (swapped in, or found): in a block shorter than a wait the one falls in one side's block and
+        the other in the other's, so a pair measures neither
         (on the simulated RX 9070 XT, 1 s blocks against 5 s waits measured swap at -67% to +320% of keep,
         and the swarm kept it on that: docs/tuner.md)."""
-        least = max(self.goal.block_s, BLOCK_PER_SWITCH * self.switch_s(engine, a, b))
+        least = max(self.goal.block_s, BLOCK_PER_SWITCH * (self.switch_s(engine, a, b)
+                                                            + self.fc.measured.readmit_s(engine, a.kv, b.kv)))
         if a.residency != b.residency:
             least = max(least, engine.s.tool_latency_s)
         return least
