@@ -333,7 +333,7 @@ def test_on_a_real_backend_it_times_the_kv_types_it_may_use_before_the_first_ste
 
 
 @pytest.mark.model
-def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(llama_backend, monkeypatch):
+def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(llama_backend):
     """A run too short for prefilled probes: nothing is timed before the first step; once an agent holds a
     history, the KV type is timed on it, converted, once; what that took counts in the exploration budget,
     and a look follows at once on the scaled fit."""
@@ -346,8 +346,6 @@ def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(l
     def probed(recs: list) -> list[dict]:
         return [r.tune.to_json() for r in recs if r.kind == "tune" and r.tune.to_json()["phase"] == "probed"]
 
-    # no experiments: an experiment under way holds a probe off, and this test follows the probes
-    monkeypatch.setattr(Proposer, "propose", lambda *a, **k: None)
     recs = [e.step() for _ in range(12)]
     assert not probed(recs) and not e.tuner._convert_tried  # nothing to time it on yet
     while not e.tuner._convert_tried and len(recs) < 400:
@@ -363,24 +361,10 @@ def test_a_short_run_times_a_kv_type_on_an_agents_history_converted_then_looks(l
     assert p["contexts"][1] >= 128 and p["probe_seconds"] > 0 and not p["prefill"]
     assert e.tuner.trials.explored_s >= e.tuner.cost.probe_s > 0
     assert e.tuner.measured.step_time_source(e, KV("q8_0")).startswith("KV f16's fit scaled by a side-cache probe")
-    # and a look came at once on what it measured: staying is being checked
-    assert e.tuner.checks.open_settings
-    # a probe whose points agree is not made again; one whose spread says too little where the forecasts go
-    # is, once the swarm holds a history twice its long point (`_probe_longer`)
-    first = e.tuner.measured.probes[KV("q8_0")]
-    assert first is not None
-    quiet = {k: [0.0] * len(v) for k, v in first.decode.items()}
-    e.tuner.measured.probes[KV("q8_0")] = dataclasses.replace(first, spread=quiet)
-    recs += [e.step() for _ in range(40)]
-    assert len(probed(recs)) == 1 and e.s.kv == KV("f16")
-    noisy = {k: [0.5 * s for *_, s in v] for k, v in first.decode.items()}  # each point +-50%
-    e.tuner.measured.probes[KV("q8_0")] = dataclasses.replace(first, spread=noisy)
-    while len(probed(recs)) < 2 and len(recs) < 1200:
-        recs.append(e.step())
-    assert len(probed(recs)) == 2, "no second probe"
-    again = probed(recs)[1]
-    assert again["history"] == "converted" and again["contexts"][1] >= 2 * first.contexts[1]
-    assert e.tuner.measured.probes[KV("q8_0")].contexts == tuple(again["contexts"])
+    recs += [e.step() for _ in range(20)]
+    assert len(probed(recs)) == 1  # once a run
+    # and a look came at once on what it measured: staying is being checked, or an experiment began
+    assert e.tuner.checks.open_settings or e.tuner.trials.exp is not None or _events(recs, "trial")
 
 
 def _misstated(true: dict, seconds: float, tuned: bool, seed: int = 1):

@@ -77,16 +77,14 @@ class Measured:
                        if (own := engine.analysis.fit(k)) is None or own.samples < MIN_OWN_FIT_SAMPLES), key=str)
 
     def probe_missing(self, engine: EngineView, base_kv: KVSetting, candidates: set[KVSetting],
-                      cost: Spending, source: Agent | None = None, again: bool = False) -> list[TuneEvent]:
+                      cost: Spending, source: Agent | None = None) -> list[TuneEvent]:
         """Times each candidate KV type that has not run against the run's own (base_kv), once per run, at
         the widest batch a candidate can have: a forecast of switching to it needs its step time on this
         machine. source: an agent whose history in the live cache the side caches are given, converted
-        (engine/measure/kv_probe.py), rather than prefilling one; again: the candidates timed before are
-        timed again (on a longer history), the new probe standing for each. Its seconds are the tuner's
-        probe cost."""
+        (engine/measure/kv_probe.py), rather than prefilling one. Its seconds are the tuner's probe cost."""
         out: list[TuneEvent] = []
         ctx = [a.context for a in engine.agents]
-        for k in sorted(candidates, key=str) if again else self.unprobed(engine, candidates):
+        for k in self.unprobed(engine, candidates):
             long = long_context(mean_context(ctx), engine.s.ctx_per_agent)
             try:
                 t0 = time.perf_counter()
@@ -99,14 +97,12 @@ class Measured:
                 finally:
                     cost.probe_s += time.perf_counter() - t0
             except (UserError, NoKVSlot, RuntimeError, ValueError, Unconvertible) as e:
-                kept = self.probes.get(k) if again else None  # timed again and failed: the last probe stands
-                self.probes[k] = kept
+                self.probes[k] = None
                 if isinstance(e, UserError):  # this build cannot make a cache of that type: not a candidate
                     self.refused.add(k)
                 out.append(Probed(kv=k, base_kv=base_kv, error=str(e),
                                   why=f"tune: KV {k} could not be timed in a side cache ({e}); "
                                       + ("it is no candidate" if isinstance(e, UserError) else
-                                         "its last probe stands" if kept is not None else
                                          f"its forecasts borrow KV {base_kv}'s step time, unscaled")))
                 continue
             self.probes[k] = p

@@ -25,7 +25,6 @@ from dataclasses import replace
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.measure.budget_fill import ResidentGrowth
-from swarmtune.engine.measure.kv_probe import LONG_CONTEXT_MAX
 from swarmtune.engine.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.draft_trial import DraftTrial
@@ -99,9 +98,8 @@ class Tuner:
             # before the first look, whose forecasts need every allowed type's step time: measuring, not
             # forecasting (its seconds are the tuner's probe cost), once per type and run
             out += self._probe_missing(engine, self.setting(engine))
-        elif self._looked and engine.backend.source != "simulated":
-            out += self._probe_converted(engine, rec, now) if not self._convert_tried else \
-                self._probe_longer(engine, now)
+        elif self._looked and engine.backend.source != "simulated" and not self._convert_tried:
+            out += self._probe_converted(engine, rec, now)
         out += quality_guard(self.goal, engine, self.trials, self.proposer)
         self.checks.drop_moved(self.setting(engine))
         self.checks.observe(rec, self.goal)
@@ -249,37 +247,6 @@ class Tuner:
         if any(isinstance(e, Probed) and e.error is None for e in out):
             # the KV types' first forecasts on this machine's figures: what the probe was for, not to be
             # skipped for the looks before it (which could not try an untimed type)
-            out += self._look(engine, engine.now_s(), kv_only=True, probed=True)
-        return out
-
-    def _probe_longer(self, engine: EngineView, now: float) -> list[TuneEvent]:
-        """A probe by conversion that says too little where the forecasts go (its points' spread there, carried
-        along its lines, past the error a proposal is judged against: engine/tune/measured.py's probe_error)
-        is made again once the swarm holds a history twice its long point (the spread shrinks with the
-        distance it is carried), where its estimate fits in the exploration budget and an experiment on the
-        type could still run; then a look at once, on what it measured."""
-        if self.trials.exp is not None or self.trials.switching or self._step_s is None:
-            return []
-        converted = {k: p for k, p in self.measured.probes.items() if p is not None and p.history == "converted"}
-        src = self.measured.history_to_probe(engine) if converted else None
-        if src is None:
-            return []
-        cur = self.setting(engine)
-        longer = min(src.context, LONG_CONTEXT_MAX)
-        kvs = [k for k, p in converted.items() if k != cur.kv and longer >= 2 * p.contexts[1]]
-        error = self.checks.forecast_error(len(self.spans) - 1, self.goal.prior_error)
-        kvs = [k for k in kvs if (e := self.measured.probe_error(engine, k)) is not None and e[0] > error
-               and self.proposer.can_try(engine, cur, replace(cur, kv=k), now)]
-        if not kvs:
-            return []
-        estimate_s = self.measured.convert_probe_s(engine, cur.kv, kvs, longer, self._step_s)
-        whole = self.goal.run_s if self.goal.run_s is not None else max(now, self.goal.horizon_s)
-        if self.trials.explored_s + estimate_s > self.goal.explore_share * whole:
-            return []
-        before = self.cost.probe_s
-        out = self.measured.probe_missing(engine, cur.kv, set(kvs), self.cost, source=src, again=True)
-        self.trials.explored_s += self.cost.probe_s - before
-        if any(isinstance(e, Probed) and e.error is None for e in out):
             out += self._look(engine, engine.now_s(), kv_only=True, probed=True)
         return out
 
