@@ -429,6 +429,20 @@ def test_a_tuner_whose_thinking_is_dear_thinks_less_and_says_what_it_spent():
     assert dear.cost.think_s <= dear.goal.think_share * (120.0 + dear.goal.epoch_s) + 0.5 * 8
 
 
+def _forecast_q8_ahead(monkeypatch, factor: float) -> None:
+    """Every forecast at q8_0 generates `factor` times the tokens it would: a gain past any margin and error."""
+    real_forecast = Forecaster.forecast
+
+    def better_q8(self, engine, setting, seeds=None, scale=None):
+        runs = real_forecast(self, engine, setting, seeds, scale)
+        if runs is not None and setting.kv == KV("q8_0"):
+            for run in runs:
+                run[-1].tokens = int(run[-1].tokens * factor)
+        return runs
+
+    monkeypatch.setattr(Forecaster, "forecast", better_q8)
+
+
 def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch):
     """On a real backend (here the simulated card with its steps taken as measured) a KV type that has not
     run, been probed or been measured in an experiment is forecast on another type's step times: its
@@ -449,16 +463,7 @@ def test_a_kv_type_never_timed_here_is_tried_only_as_an_exploration(monkeypatch)
     cur = Setting(4, KV("f16"), "keep")
     base = e.tuner.forecast(e, cur)
     assert base is not None
-    real_forecast = Forecaster.forecast
-
-    def better_q8(self, engine, setting, seeds=None, scale=None):
-        runs = real_forecast(self, engine, setting, seeds, scale)
-        if runs is not None and setting.kv == KV("q8_0"):
-            for run in runs:
-                run[-1].tokens = int(run[-1].tokens * 1.4)
-        return runs
-
-    monkeypatch.setattr(Forecaster, "forecast", better_q8)
+    _forecast_q8_ahead(monkeypatch, 1.4)
     monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [Setting(4, KV("q8_0"), "keep")])
     assert e.tuner.propose(e, cur, base, kv_only=True) is None  # no exploration budget: not tried at all
     e.tuner.goal = dataclasses.replace(goal, explore_share=0.5)
@@ -486,16 +491,7 @@ def test_a_kv_type_timed_only_by_a_noisy_probe_is_tried_only_as_an_exploration(m
     cur, q8 = Setting(4, KV("f16"), "keep"), Setting(4, KV("q8_0"), "keep")
     base = e.tuner.forecast(e, cur)
     assert base is not None
-    real_forecast = Forecaster.forecast
-
-    def better_q8(self, engine, setting, seeds=None, scale=None):
-        runs = real_forecast(self, engine, setting, seeds, scale)
-        if runs is not None and setting.kv == KV("q8_0"):
-            for run in runs:
-                run[-1].tokens = int(run[-1].tokens * 1.4)
-        return runs
-
-    monkeypatch.setattr(Forecaster, "forecast", better_q8)
+    _forecast_q8_ahead(monkeypatch, 1.4)
     monkeypatch.setattr(Proposer, "candidates", lambda self, engine, c: [q8])
     line = [(4, 68.0, 0.020), (4, 516.0, 0.030)]  # both types alike: the probe changes no forecast itself
 
