@@ -61,6 +61,7 @@ class Tuner:
         self.trials = Trials(goal, self.measured, self.cost, self.checks, self.judge, self.forecaster,
                              self.proposer, on_end=self._epoch_from)
         self.drafting = DraftTrial(self.cost)  # --draft auto: whether drafts ride, measured against none
+        self.drafting.objective = goal.objective  # what its blocks are judged on
         self.restart()
 
     @property
@@ -71,6 +72,7 @@ class Tuner:
     def goal(self, goal: Goal) -> None:
         """A goal set again (a run's length once known): every part reads the new one."""
         self._goal = self.forecaster.goal = self.judge.goal = self.proposer.goal = self.trials.goal = goal
+        self.drafting.objective = goal.objective
 
     def restart(self) -> None:
         """Forget what it was measuring (turned on, or on again): it starts a fresh epoch."""
@@ -105,7 +107,6 @@ class Tuner:
         self.checks.observe(rec, self.goal)
         if self.trials.exp is not None:
             return out + self.trials.step(engine, rec)
-        self.drafting.objective = self.goal.objective
         out += self.drafting.observe(engine, rec, free=self._looked, run_s=self.goal.run_s)
         if self.drafting.running:  # its blocks are the swarm's for now: a look waits for its verdict
             return out
