@@ -166,6 +166,16 @@ def test_drafts_are_what_followed_the_newest_ngram():
     assert d.draft(Agent(id=2, seq=2, limit=4096, history=[70], next_token=71), 4) == []
 
 
+def test_a_run_that_reaches_the_end_of_the_history_goes_on_from_its_own_tokens():
+    d = NgramDrafter()
+    # text repeating itself: the newest "8 7 8" is followed by one token before the history ends
+    a = Agent(id=0, seq=0, limit=4096, history=[7, 8, 7, 8, 7], next_token=8)
+    assert d.draft(a, 6) == [7, 8, 7, 8, 7, 8]
+    # "1 2 3" was last followed by "9 1 2", the history's end; "1 2" then, by "3" and what came after
+    b = Agent(id=1, seq=1, limit=4096, history=[1, 2, 3, 9, 1, 2], next_token=3)
+    assert d.draft(b, 6) == [9, 1, 2, 3, 9, 1]
+
+
 def test_drafts_on_the_sim_keep_the_cache_and_count_what_they_earned():
     p = profile(SIM)
     e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes,

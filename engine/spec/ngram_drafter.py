@@ -40,12 +40,30 @@ class NgramDrafter:
         self._pool: dict[int, tuple[list[int], int]] = {}  # key -> (an agent's history, the position after)
 
     def draft(self, agent: Agent, n_max: int) -> list[int]:
-        """Up to n_max tokens that may follow agent's history and its next token; [] where nothing matches."""
+        """Up to n_max tokens that may follow agent's history and its next token; [] where nothing matches.
+
+        A match's run ends where the history does. There the lookup goes on from the run's own last tokens, as
+        llama.cpp's ngram-mod drafts each token from the n tokens before it, drafted ones included: text that
+        repeats itself (a line written again and again, a table's rows) is what the newest occurrence of its
+        n-gram has the least after, and what an agent will most likely write again."""
         if n_max <= 0 or agent.next_token is None:
             return []
         hist = agent.history
         idx = self._index(agent)
-        tail = hist[-(max(NGRAM_SIZES) - 1):] + [agent.next_token]
+        n_top = max(NGRAM_SIZES)
+        tail = hist[-(n_top - 1):] + [agent.next_token]
+        out: list[int] = []
+        while len(out) < n_max:
+            run = self._run(hist, idx, tail, n_max - len(out))
+            if not run:
+                break
+            out += run
+            tail = (tail + run)[-n_top:]
+        return out
+
+    def _run(self, hist: list[int], idx: _Indexed, tail: list[int], n_max: int) -> list[int]:
+        """What followed the newest occurrence of tail's longest indexed n-gram: in the agent's own text first,
+        then in the pool; at most n_max tokens, fewer where that text ends."""
         for n in NGRAM_SIZES:
             if len(tail) < n:
                 continue
