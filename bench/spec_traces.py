@@ -128,7 +128,8 @@ def run_clients(url: str, name: str, batch: int, turns: int, max_tokens: int) ->
 
 def start(side: str, batch: int, ctx: int, threads: int, model: str,
           llama_server: str | None) -> tuple[subprocess.Popen, str]:
-    """side: swarmtune-none, swarmtune-auto, swarmtune-N (a draft length), or llama-server:TYPE."""
+    """side: swarmtune-none, swarmtune-auto, swarmtune-N (a draft length), llama-server:TYPE, or llama-server:none
+    (no speculation: what llama-server's own drafts gain, apart from how fast its plain decode is)."""
     port = free_port()
     if side.startswith("swarmtune"):
         cmd = [sys.executable, "-m", "swarmtune", "serve", "--clients", "--port", str(port), "--agents", str(batch),
@@ -139,8 +140,9 @@ def start(side: str, batch: int, ctx: int, threads: int, model: str,
         assert llama_server is not None
         spec = side.split(":", 1)[1]
         cmd = [llama_server, "-m", model, "--port", str(port), "-np", str(batch), "-c", str(batch * ctx),
-               "-t", str(threads), "-fa", "on", *engine_buffer_flags(), "--no-webui", "-b", "256", "-ub", "256",
-               "--spec-type", spec, "--spec-draft-n-max", "8"]
+               "-t", str(threads), "-fa", "on", *engine_buffer_flags(), "--no-webui", "-b", "256", "-ub", "256"]
+        if spec != "none":
+            cmd += ["--spec-type", spec, "--spec-draft-n-max", "8"]
     return launch(cmd, port)
 
 

@@ -5,9 +5,10 @@ batch 1, 2, 4 and 8, sides alternated over rounds, medians with min-max.
   side runs until its agents generated `--tokens` tokens each, timed on the wall from the first step to that
   one, prefill included; `--draft` lengths and auto against none; each agent's first turn compared.
 - The traces (bench/spec_traces.py: aider's whole-file edit, opencode), served: `swarmtune serve --clients`
-  without drafts, with `--draft auto`, and llama-server with its best n-gram speculation (each `--spec-type`
-  of the pinned llama.cpp tried in a first round, the best kept and named); each client's streams timed from
-  their first text byte to their last (the decode; time to first token printed apart); greedy texts compared.
+  without drafts, with `--draft auto`, llama-server with its best n-gram speculation (each `--spec-type`
+  of the pinned llama.cpp tried in a first round, the best kept and named), and llama-server without it (what
+  its drafts gain, apart from the two engines' plain decode); each client's streams timed from their first
+  text byte to their last (the decode; time to first token printed apart); greedy texts compared.
 
 Last lines: `speculation vs none: X (lo-hi)` (auto, batch 1, the edit trace), `vs llama-server spec: X
 (lo-hi)` (the same against llama-server's best), `worst vs none: X` over every condition.
@@ -142,7 +143,9 @@ def traces(a: argparse.Namespace, worst: list[tuple[float, str]]) -> dict[str, l
                 best = max(tried, key=lambda k: tried[k]) if tried else None
                 print(f"{name}, batch {batch}: llama-server's types " +
                       ", ".join(f"{k} {v:.1f}" for k, v in tried.items()) + f" tok/s a stream; best {best}")
-            order = ["swarmtune-none", "swarmtune-auto"] + ([f"llama-server:{best}"] if best else [])
+            # llama-server without drafts too: its speculation's gain apart from the two engines' plain decode
+            order = ["swarmtune-none", "swarmtune-auto"]
+            order += [f"llama-server:{best}", "llama-server:none"] if best else []
             runs: dict[str, list[st.Run]] = {k: [] for k in order}
             for r in range(a.rounds):
                 for k in (order if r % 2 == 0 else order[::-1]):
@@ -162,6 +165,12 @@ def traces(a: argparse.Namespace, worst: list[tuple[float, str]]) -> dict[str, l
                 vs_ll = [x.decode_tokens_per_s / y.decode_tokens_per_s
                          for x, y in zip(auto, runs[f"llama-server:{best}"], strict=True)]
                 print(f"  auto vs llama-server {best} {spread(vs_ll)}")
+                ll_none = runs["llama-server:none"]
+                own = [x.decode_tokens_per_s / y.decode_tokens_per_s
+                       for x, y in zip(runs[f"llama-server:{best}"], ll_none, strict=True)]
+                plain = [x.decode_tokens_per_s / y.decode_tokens_per_s for x, y in zip(none, ll_none, strict=True)]
+                print(f"  llama-server {best} vs its none {spread(own)}; swarmtune none vs llama-server none "
+                      f"{spread(plain)}")
                 if name == "edit" and batch == 1:
                     bar["llama"] = vs_ll
             if name == "edit" and batch == 1:
