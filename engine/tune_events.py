@@ -262,6 +262,7 @@ class Spent(TuneEvent):
     experiment_s: float
     tokens_lost: float
     why: str
+    looks_waived: int = 0  # epochs without a look: the one before found nothing within reach
 
 
 @dataclass

@@ -429,6 +429,42 @@ def test_a_tuner_whose_thinking_is_dear_thinks_less_and_says_what_it_spent():
     assert dear.cost.think_s <= dear.goal.think_share * (120.0 + dear.goal.epoch_s) + 0.5 * 8
 
 
+def test_a_look_that_finds_nothing_within_reach_makes_the_next_wait_a_second_epoch(monkeypatch):
+    """Every move forecast to make half the tokens of staying, far past any error: thinking that could gain
+    nothing, waived one epoch in two; a change of the turns' shape looks at once."""
+    import swarmtune.engine.tune.tuner as tuner_module
+
+    real_forecast = Forecaster.forecast
+
+    def moves_lose(self, engine, setting, seeds=None, scale=None):
+        runs = real_forecast(self, engine, setting, seeds, scale)
+        if runs is not None and setting != Tuner.setting(engine):
+            for run in runs:
+                run[-1].tokens //= 2
+        return runs
+
+    monkeypatch.setattr(Forecaster, "forecast", moves_lose)
+
+    def run(wait_max: int, shape_at_s: float | None = None) -> Tuner:
+        monkeypatch.setattr(tuner_module, "WAIT_EPOCHS_MAX", wait_max)
+        e = _engine(Goal(allowed_kv=(KV("f16"), KV("q8_0")), **{**FAST, "horizon_s": 60.0}), budget=False)
+        while e.now_s() < 120:
+            if shape_at_s is not None and e.now_s() >= shape_at_s:
+                e.s = dataclasses.replace(e.s, gen_tokens=e.s.gen_tokens // 2)  # the workload's turns change
+                shape_at_s = None
+            e.step()
+        assert e.tuner.cost.experiments == 0  # nothing was worth one
+        return e.tuner
+
+    every, paced = run(1), run(2)
+    assert every.cost.looks_waived == 0 and every.cost.looks >= 10
+    assert paced.cost.looks_waived >= 4 and paced.cost.looks <= every.cost.looks - 4
+    assert f"{paced.cost.looks_waived} waived" in paced.cost.line()
+    # the turns' shape changed 5 s into a wait: the look came then, not 15 s later
+    shaped = run(2, shape_at_s=45.0)
+    assert shaped.cost.looks > paced.cost.looks
+
+
 def _forecast_q8_ahead(monkeypatch, factor: float) -> None:
     """Every forecast at q8_0 generates `factor` times the tokens it would: a gain past any margin and error."""
     real_forecast = Forecaster.forecast

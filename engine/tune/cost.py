@@ -17,6 +17,7 @@ class Spending:
     forecasts: int = 0  # runs forward in a simulator
     looks: int = 0
     looks_skipped: int = 0  # looks not taken: the thinking budget was spent
+    looks_waived: int = 0  # epochs that took no look: the last found nothing within reach (engine/tune/tuner.py)
     probe_s: float = 0.0  # side-cache probes of KV types (measured)
     switches: int = 0  # the tuner's own changes of setting, experiments' included
     switch_s: float = 0.0  # the seconds of their rebuilds (KV switches), measured or simulated
@@ -35,7 +36,8 @@ class Spending:
     def line(self, run_s: float | None = None) -> str:
         share = f" ({self.total_s() / run_s:.1%} of the run)" if run_s else ""
         return (f"tuner spent {self.total_s():.2f} s{share}: thinking {self.think_s:.2f} s "
-                f"({self.forecasts} forecasts, {self.think_cpu_s:.2f} CPU s, {self.looks_skipped} looks skipped), "
+                f"({self.forecasts} forecasts, {self.think_cpu_s:.2f} CPU s, {self.looks_skipped} looks skipped, "
+                f"{self.looks_waived} waived), "
                 f"probes {self.probe_s:.2f} s, {self.switches} switches {self.switch_s:.2f} s "
                 f"({self.switch_cells:,} cells); {self.experiments} experiments over {self.experiment_s:.0f} s, "
                 f"{self.tokens_lost:+.0f} tokens lost to them (measured)")

@@ -44,6 +44,9 @@ class Proposer:
         # the last candidates' KV types the quality budget excluded, and their mean KL (None: not measured)
         self.excluded: dict[KVSetting, float | None] = {}
         self.outlook: BudgetOutlook | None = None  # the KV budget's, at the last proposal
+        # the most the best candidate could gain at the last proposal, its forecast gain and error together
+        # (-inf where none was forecast): at or below 0 nothing is within reach of an experiment
+        self.reach: float | None = None
 
     def candidates(self, engine: EngineView, cur: Setting) -> list[Setting]:
         n = len(engine.agents)
@@ -84,6 +87,7 @@ class Proposer:
         n = len(engine.agents)
         now = engine.now_s()
         mean_ctx = mean_context([a.context for a in engine.agents])
+        self.reach = -math.inf  # nothing forecast: no move could gain
         # only what an experiment could try and reap in what is left: a forecast of the rest is thinking spent
         # on a move that could never be made
         candidates = [c for c in self.candidates(engine, cur)
@@ -121,6 +125,7 @@ class Proposer:
         stated = error
         if probed is not None and probed[0] > error:
             error = probed[0]
+        self.reach = g + error
         exploratory = untimed or g < self.goal.margin + max(spread, error)
         if exploratory and g <= -error:
             return None  # forecast worse past its own error: not worth an experiment

@@ -79,7 +79,7 @@ def spent(s: Spending, now_s: float) -> Spent:
                  looks=s.looks, looks_skipped=s.looks_skipped, probe_s=round(s.probe_s, 3),
                  switches=s.switches, switch_s=round(s.switch_s, 3), switch_cells=s.switch_cells,
                  experiments=s.experiments, experiment_s=round(s.experiment_s, 2),
-                 tokens_lost=round(s.tokens_lost, 1), why=s.line(now_s))
+                 tokens_lost=round(s.tokens_lost, 1), why=s.line(now_s), looks_waived=s.looks_waived)
 
 
 def _round(x: float | None) -> float | None:

@@ -33,13 +33,18 @@ from swarmtune.engine.tune.forecast import Forecaster, Runs
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.measured import MIN_OWN_FIT_SAMPLES, Measured
 from swarmtune.engine.tune.outcome import ForecastChecks
-from swarmtune.engine.tune.propose import Proposer
+from swarmtune.engine.tune.propose import Proposer, turn_shape
 from swarmtune.engine.tune.quality_guard import quality_guard
 from swarmtune.engine.tune.recent import RecentSteps
 from swarmtune.engine.tune.tally import SpanTally
 from swarmtune.engine.tune.trials import Trials, setting_of
 from swarmtune.engine.tune.verdict import Judge
 from swarmtune.engine.tune_events import Experimented, Probed, Trial, TuneEvent
+
+# a look that found nothing within reach (every neighbour forecast worse past its error) makes the next wait this
+# many epochs: thinking scaled down where it could gain nothing. Not more: what a look would see changing without
+# the turns' shape changing (contexts growing toward the KV budget) must still be seen within a short run
+WAIT_EPOCHS_MAX = 2
 
 
 class Tuner:
@@ -79,6 +84,9 @@ class Tuner:
         self._epoch_start_s: float | None = None
         self._looked = False
         self._young_look = False  # the last look changed nothing, on a fit of fewer than MIN_OWN_FIT_SAMPLES steps
+        self._wait_epochs = 1  # epochs until the next look: more after one that found nothing within reach
+        self._quiet_shape: tuple[int, int] | None = None  # the turns' shape then: a new one looks at once
+        self._waived = False  # this wait's waived look is counted
         self._convert_tried = False  # a probe by conversion was weighed (engine/tune/measured.py): once a run
         self._step_s: float | None = None  # the latest decode step's seconds: a probe's estimate
         self.checks.restart()
@@ -111,8 +119,12 @@ class Tuner:
         if self.drafting.running:  # its blocks are the swarm's for now: a look waits for its verdict
             return out
         first_look = not self._looked and self.forecaster.simulator(engine) is not None
-        if rec.kind == "rebuild" or (now - self._epoch_start_s < self.goal.epoch_s and not first_look
-                                     and not self._fit_matured(engine)):
+        waited = now - self._epoch_start_s
+        due = self.goal.epoch_s * (self._wait_epochs if turn_shape(engine) == self._quiet_shape else 1)
+        if rec.kind == "rebuild" or (waited < due and not first_look and not self._fit_matured(engine)):
+            if waited >= self.goal.epoch_s and rec.kind != "rebuild" and not self._waived:
+                self._waived = True
+                self.cost.looks_waived += 1
             return out
         return out + self._look(engine, now)
 
@@ -147,6 +159,7 @@ class Tuner:
         self._looked = True
         self._epoch_start_s = now
         self._young_look = False
+        self._waived = False
         if self.forecaster.thinking_spent(now) and not probed:
             self.cost.looks_skipped += 1
             return []
@@ -166,6 +179,7 @@ class Tuner:
             self.checks.add(fc.objectives(base), SpanTally(now, fc.spans_for(fc.horizon_at(now))), cur)
             trial = self.propose(engine, cur, base, kv_only)
             out += self._budget_line(cur, trial)
+            self._pace(engine, trial, kv_only)
             if trial is not None:
                 out.append(trial)
         self.forecaster.think(engine, t0, c0, self.cost.forecasts - forecasts_before)
@@ -175,6 +189,16 @@ class Tuner:
             fit = engine.analysis.fit(cur.kv)
             self._young_look = fit is None or fit.samples < MIN_OWN_FIT_SAMPLES
         return out
+
+    def _pace(self, engine: EngineView, trial: Trial | None, kv_only: bool) -> None:
+        """When the next look comes: a second epoch later where this one found nothing within reach of an
+        experiment (no forecast gain that its error could carry past 0) and the KV budget does not bind within
+        the horizon; else an epoch later. A look on the KV types alone says nothing of the others."""
+        reach, o = self.proposer.reach, self.proposer.outlook
+        nothing = (trial is None and not kv_only and reach is not None and reach <= 0
+                   and (o is None or not o.binds()))
+        self._wait_epochs = min(2 * self._wait_epochs, WAIT_EPOCHS_MAX) if nothing else 1
+        self._quiet_shape = turn_shape(engine)
 
     def _budget_line(self, cur: Setting, trial: Trial | None) -> list[TuneEvent]:
         """Where the KV budget binds within the horizon at the setting in force: one line saying when, what
