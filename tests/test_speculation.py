@@ -462,6 +462,37 @@ def test_auto_drafts_where_a_row_is_cheap_and_not_where_it_costs_a_step():
     assert any(any(cpu.lengths([0, 1, 2, 3])) for _ in range(EXPLORE_EVERY_MAX))
 
 
+def test_auto_weighs_a_long_matchs_drafts_apart_from_a_short_ones():
+    from swarmtune.engine.spec.draft_policy import EXPLORE_EVERY, DraftPolicy
+
+    # a drafted row costs 0.6 of an agent's share of the step (this CPU's at 1,800 tokens of context): only
+    # drafts nearly always kept pay. Agent 0's drafts stand on long matches, all kept; agent 1's on short
+    # ones, none kept
+    p = DraftPolicy(8)
+    for _ in range(4 * EXPLORE_EVERY):
+        lengths = p.lengths([0, 1], [2, 0])
+        p.observed(2, 0.020 + sum(lengths) * 0.006, sum(lengths))
+        p.verified(0, lengths[0], lengths[0])
+        p.verified(1, lengths[1], 0)
+    assert p.kept[(0, 2)] > 0.9 and p.kept[(1, 0)] < 0.1
+    p.explore_every = 10**9  # the rule's own choices from here, no step drafting to measure
+    assert p.lengths([0, 1], [2, 0]) == [8, 0]
+    # the same agent, on a short match: what its long matches earned does not carry over
+    assert p.lengths([0, 1], [0, 0]) == [0, 0]
+
+
+def test_a_draft_says_how_long_a_match_it_stands_on():
+    from swarmtune.engine.spec.ngram_drafter import MATCH_MAX, match_class
+
+    d = NgramDrafter()
+    text = list(range(100, 140))
+    a = Agent(id=0, seq=0, limit=4096, history=[*text, 1, 2, *text[:-1]], next_token=text[-1])
+    assert d.lookup(a, 3) == ([1, 2, 100], match_class(MATCH_MAX)) and match_class(MATCH_MAX) == 2
+    b = Agent(id=1, seq=1, limit=4096, history=[7, 8, 9, 5, 1, 8], next_token=9)
+    assert d.lookup(b, 2) == ([5, 1], 0)  # "8 9" alone agreed
+    assert d.lookup(Agent(id=2, seq=2, limit=4096, history=[70], next_token=71), 4) == ([], 0)
+
+
 def test_auto_on_the_sim_drafts_and_counts_like_a_fixed_length():
     p = profile(SIM)
     e = Engine(SimBackend(p), EngineSettings(ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes,

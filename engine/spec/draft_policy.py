@@ -5,6 +5,10 @@ step's without it:
 
     (B + E(d)) / (t_B + d·(c + g))  >  B / t_B        E(d) = a + a² + ... + a^d   (a: the agent's share kept)
 
+a is measured apart for each class of the match behind a draft (engine/spec/ngram_drafter.py match_class): a
+guess behind 24 agreeing tokens is kept far more often than one behind 3, so where a row costs much (a CPU
+step) only the long matches' drafts may pay.
+
 t_B the plain step at batch B, c a verified row's seconds, g the seconds drafting takes a drafted token (a
 draft model's calls, --draft-model, measured; 0 for the n-gram lookup, whose host seconds are bookkeeping).
 Where a row costs what an agent's row costs (a compute-bound CPU step), nothing pays and drafts stay off;
@@ -36,13 +40,18 @@ class DraftPolicy:
     plain_s: dict[int, float] = field(default_factory=dict)  # batch size -> a plain decode step's seconds
     row_s: float | None = None  # a verified row's seconds, beyond the plain step at its batch size
     draft_s: float = 0.0  # drafting's seconds a drafted token (a draft model's: one call for a batch's tokens)
-    kept: dict[int, float] = field(default_factory=dict)  # agent id -> share of its drafted tokens kept
+    # (agent id, match class) -> share of its drafted tokens kept
+    kept: dict[tuple[int, int], float] = field(default_factory=dict)
+    classes: dict[int, int] = field(default_factory=dict)  # agent id -> the class of its draft this step
     steps: int = 0
     explore_every: int = EXPLORE_EVERY
     _since_explore: int = 0
 
-    def lengths(self, ids: list[int]) -> list[int]:
-        """Each agent's draft length for the next decode step of these agents."""
+    def lengths(self, ids: list[int], classes: list[int] | None = None) -> list[int]:
+        """Each agent's draft length for the next decode step of these agents, whose drafts stand on matches of
+        these classes (all 0 where not said: a draft model's)."""
+        classes = classes if classes is not None else [0] * len(ids)
+        self.classes = dict(zip(ids, classes, strict=True))
         self.steps += 1
         self._since_explore += 1
         b = len(ids)
@@ -51,7 +60,7 @@ class DraftPolicy:
             # measure: a plain step at this size first, then drafts, then now and then again
             self._since_explore = 0
             return [0 if t is None else min(EXPLORE_TOKENS, self.max_tokens)] * b
-        out = [self._best(self.kept.get(i, PRIOR_KEPT), b, t) for i in ids]
+        out = [self._best(self.kept.get((i, c), PRIOR_KEPT), b, t) for i, c in zip(ids, classes, strict=True)]
         if self._since_explore == 1:  # the first choice after a measure: was it worth measuring so often?
             if any(out):
                 self.explore_every = EXPLORE_EVERY
@@ -95,5 +104,6 @@ class DraftPolicy:
             # each drafted token was tried only where every one before it was kept: k kept of k + 1 tried,
             # or of k where all were kept
             s = kept / (kept + (kept < drafted))
-            old = self.kept.get(agent_id)
-            self.kept[agent_id] = s if old is None else old + EMA * (s - old)
+            key = (agent_id, self.classes.get(agent_id, 0))
+            old = self.kept.get(key)
+            self.kept[key] = s if old is None else old + EMA * (s - old)

@@ -74,15 +74,19 @@ class Drafts:
         """Each batched agent's drafts for this step ([] for none), n at most each; None where none has any."""
         self.spent_s = 0.0
         rows_left = self.backend.max_chunk_tokens - len(batch)
-        lengths = self.policy.lengths([a.id for a in batch]) if self.policy is not None else [n] * len(batch)
         if self.model is not None:
+            lengths = self.policy.lengths([a.id for a in batch]) if self.policy is not None else [n] * len(batch)
             return self._from_model(batch, lengths, rows_left)
+        # every agent's longest draft first: under auto, the length taken depends on the match behind it
+        found = [self.drafter.lookup(a, room) if (room := self._room(a, n, rows_left)) > 0 else ([], 0)
+                 for a in batch]
+        lengths = [n] * len(batch) if self.policy is None else \
+            self.policy.lengths([a.id for a in batch], [c for _, c in found])
         out = []
-        for a, want in zip(batch, lengths, strict=True):
+        for a, want, (d, _) in zip(batch, lengths, found, strict=True):
             room = self._room(a, want, rows_left)
-            d = self.drafter.draft(a, room) if room > 0 else []
-            rows_left -= len(d)
-            out.append(d)
+            out.append(d[:room] if room > 0 else [])
+            rows_left -= len(out[-1])
         return out if any(out) else None
 
     def _room(self, a: Agent, want: int, rows_left: int) -> int:

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from swarmtune.engine.agents.agent import Agent
 
 NGRAM_SIZES = (3, 2)  # longest first: a longer match is the surer guess
+# how far back a draft's match is followed (tokens agreeing before the n-gram), and where its class changes:
+# a guess behind 24 agreeing tokens (llama.cpp's ngram-mod drafts only there) is kept far more often than one
+# behind 3, and --draft auto measures each class's share kept apart (engine/spec/draft_policy.py)
+MATCH_MAX = 24
+MATCH_CLASSES = (8, 24)
 
 
 def _key(tokens: list[int], end: int, n: int) -> int:
@@ -40,41 +45,50 @@ class NgramDrafter:
         self._pool: dict[int, tuple[list[int], int]] = {}  # key -> (an agent's history, the position after)
 
     def draft(self, agent: Agent, n_max: int) -> list[int]:
-        """Up to n_max tokens that may follow agent's history and its next token; [] where nothing matches.
+        return self.lookup(agent, n_max)[0]
+
+    def lookup(self, agent: Agent, n_max: int) -> tuple[list[int], int]:
+        """Up to n_max tokens that may follow agent's history and its next token ([] where nothing matches),
+        and the class of the match behind them (match_class: 0 for none or a short one).
 
         A match's run ends where the history does. There the lookup goes on from the run's own last tokens, as
         llama.cpp's ngram-mod drafts each token from the n tokens before it, drafted ones included: text that
         repeats itself (a line written again and again, a table's rows) is what the newest occurrence of its
         n-gram has the least after, and what an agent will most likely write again."""
         if n_max <= 0 or agent.next_token is None:
-            return []
+            return [], 0
         hist = agent.history
         idx = self._index(agent)
         n_top = max(NGRAM_SIZES)
         tail = hist[-(n_top - 1):] + [agent.next_token]
         out: list[int] = []
+        matched = 0
         while len(out) < n_max:
-            run = self._run(hist, idx, tail, n_max - len(out))
-            if not run:
+            found = self._run(hist, idx, tail, n_max - len(out))
+            if found is None:
                 break
+            h, pos, n = found
+            if not out:  # the first run's match is the draft's: its length says how sure a guess it is
+                matched = _match_len(hist, agent.next_token, h, pos, n)
+            run = h[pos:pos + n_max - len(out)]
             out += run
             tail = (tail + run)[-n_top:]
-        return out
+        return out, match_class(matched)
 
-    def _run(self, hist: list[int], idx: _Indexed, tail: list[int], n_max: int) -> list[int]:
-        """What followed the newest occurrence of tail's longest indexed n-gram: in the agent's own text first,
-        then in the pool; at most n_max tokens, fewer where that text ends."""
+    def _run(self, hist: list[int], idx: _Indexed, tail: list[int], n_max: int) -> tuple[list[int], int, int] | None:
+        """Where the newest occurrence of tail's longest indexed n-gram is: in the agent's own text first, then
+        in the pool; the text, the position after it (a token follows there), and the n-gram's size."""
         for n in NGRAM_SIZES:
             if len(tail) < n:
                 continue
             k = _key(tail, len(tail), n)
             pos = idx.at.get(k)
             if pos is not None:
-                return hist[pos:pos + n_max]
+                return hist, pos, n
             seen = self._pool.get(k)
             if seen is not None and seen[1] < len(seen[0]):
-                return seen[0][seen[1]:seen[1] + n_max]
-        return []
+                return seen[0], seen[1], n
+        return None
 
     def _index(self, agent: Agent) -> _Indexed:
         hist = agent.history
@@ -91,3 +105,17 @@ class NgramDrafter:
                     pool[k] = (hist, i)
         idx.upto = len(hist)
         return idx
+
+
+def _match_len(hist: list[int], nxt: int, h: list[int], pos: int, n: int) -> int:
+    """Tokens that agree going back from the end of hist + [nxt] and from pos in h (the n-gram's n at least),
+    up to MATCH_MAX."""
+    length, i, j = n, len(hist) - n, pos - n - 1  # the tokens before the n-gram's first, on each side
+    while length < MATCH_MAX and i >= 0 and j >= 0 and hist[i] == h[j]:
+        length, i, j = length + 1, i - 1, j - 1
+    return length
+
+
+def match_class(length: int) -> int:
+    """0 for no match or one shorter than MATCH_CLASSES[0], then one more for each threshold it reaches."""
+    return sum(length >= c for c in MATCH_CLASSES)
