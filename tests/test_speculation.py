@@ -460,6 +460,9 @@ def test_auto_drafts_where_a_row_is_cheap_and_not_where_it_costs_a_step():
     unsure = settle(0.040, 0.004, 0.0)
     assert EXPLORE_EVERY < unsure.explore_every < EXPLORE_EVERY_MAX
     assert any(any(cpu.lengths([0, 1, 2, 3])) for _ in range(EXPLORE_EVERY_MAX))
+    # between its measures, where not even drafts all kept would pay, no agent's draft is looked up
+    gpu.explore_every = cpu.explore_every = 10**9
+    assert gpu.could_pay(4) and not cpu.could_pay(4)
 
 
 def test_auto_weighs_a_long_matchs_drafts_apart_from_a_short_ones():

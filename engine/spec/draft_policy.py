@@ -73,6 +73,14 @@ class DraftPolicy:
                 self.explore_every = min(2 * self.explore_every, EXPLORE_EVERY_MAX)
         return out
 
+    def could_pay(self, b: int) -> bool:
+        """Whether the next step of b agents may draft at all: it measures, or drafts every one kept would pay
+        (where they would not, no lookup need be made for it: its lengths will all be 0)."""
+        t = self.plain_s.get(b)
+        if t is None or self.row_s is None or self._since_explore + 1 >= self.explore_every:
+            return True
+        return self._best(1.0, b, t) > 0
+
     def _best(self, share: float, b: int, t: float) -> int:
         c = max(self.row_s or 0.0, 1e-9) + self.draft_s
         rate = [(b + expected_kept(share, d)) / (t + d * c) for d in range(self.max_tokens + 1)]

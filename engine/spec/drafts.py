@@ -77,8 +77,10 @@ class Drafts:
         if self.model is not None:
             lengths = self.policy.lengths([a.id for a in batch]) if self.policy is not None else [n] * len(batch)
             return self._from_model(batch, lengths, rows_left)
-        # every agent's longest draft first: under auto, the length taken depends on the match behind it
-        found = [self.drafter.lookup(a, room) if (room := self._room(a, n, rows_left)) > 0 else ([], 0)
+        # every agent's longest draft first: under auto, the length taken depends on the match behind it (no
+        # lookups where not even drafts all kept could pay: 0.24 ms a step of 64 agents on this CPU)
+        look = self.policy is None or self.policy.could_pay(len(batch))
+        found = [self.drafter.lookup(a, room) if look and (room := self._room(a, n, rows_left)) > 0 else ([], 0)
                  for a in batch]
         lengths = [n] * len(batch) if self.policy is None else \
             self.policy.lengths([a.id for a in batch], [c for _, c in found])
