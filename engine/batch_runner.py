@@ -72,7 +72,7 @@ class BatchRunner:
         when that is called. Preemptions happen here, before the step."""
         preempted = [a.id for a in plan.preempt or []]
         for a in plan.preempt or []:
-            self.preempt(a)
+            self.preempt(a, step)
         if plan.kind == "decode" and plan.agents and launch:
             return self._decode(plan, preempted, step, agents, launch)
         return lambda: self._run(plan, preempted, step, agents)
@@ -86,7 +86,8 @@ class BatchRunner:
             return self._idle(agents)
         raise Stalled("no agent can run: the KV budget is too small for the swarm")
 
-    def preempt(self, a: Agent) -> None:
+    def preempt(self, a: Agent, step: int) -> None:
+        a.evicted_at = step
         if a.waiting:  # a waiting agent keeps waiting; its history is prefilled on return
             self.parking.drop(a)
             return
@@ -143,7 +144,7 @@ class BatchRunner:
             a.prefilled(n)
             self._paste_due(a)
         except NoKVSlot:
-            self.preempt(a)
+            self.preempt(a, step)
             return Ran("prefill", [], 0.0, 0, preempted + [a.id], note="no KV slot")
         self._chunk_served(a, step, seconds, agents)
         return Ran("prefill", [a], seconds, len(chunk), preempted, note=note)
@@ -246,7 +247,7 @@ class BatchRunner:
                     drafts = mixed = None
                     continue
                 victim = max(batch, key=lambda a: a.context)
-                self.preempt(victim)
+                self.preempt(victim, step)
                 preempted.append(victim.id)
                 batch = [a for a in batch if a is not victim]
                 if not batch:
