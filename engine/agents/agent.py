@@ -45,8 +45,8 @@ class Agent:
     turns: int = 0
     tasks: int = 0
     last_served_step: int = -1
-    # the step at which the KV budget last took its cells (-1: never): the scheduler frees first, and brings
-    # back last, the history it took most recently
+    # the step at which the KV budget last took its cells (-1: never): of the agents not waiting for a tool,
+    # the scheduler frees first the one it took most recently (engine/scheduler.py)
     evicted_at: int = -1
     tail: str = ""
     messages: list[ChatMessage] = field(default_factory=list)
