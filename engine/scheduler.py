@@ -55,9 +55,10 @@ class Scheduler:
         """A history the budget took comes back only once it fits whole with a chunk to spare for it and for
         each agent holding cells. Brought back sooner, the next chunk any of them takes sends another history
         out for it, and that one, back from its tool, sends out a third: on the default model's budget-filling
-        workload (8 agents, 2 cores) runs went 1,000-3,000 tokens of re-prefill past a run without that
-        ping-pong, and a quarter slower (docs/engine.md). Cells an agent holds between a client's requests
-        count as room: a served conversation's next request is not held behind idle ones."""
+        workload (8 agents, 2 cores) runs that fell into it prefilled 5,500-7,500 tokens again where runs that
+        did not prefilled 4,200-5,700, and ran up to a quarter slower (docs/engine.md). Cells an agent holds
+        between a client's requests count as room: a served conversation's next request is not held behind
+        idle ones."""
         idle = sum(b.cached_tokens for b in agents if b.state is AgentState.CLIENT)
         holding = sum(1 for b in agents if b.cached_tokens and b.state is not AgentState.CLIENT and b is not a)
         return used - idle + len(a.pending) + self.chunk_tokens * (1 + holding) <= self.kv_budget_tokens
