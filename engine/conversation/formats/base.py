@@ -1,0 +1,142 @@
+"""The contract every family's format keeps, and the pieces most of them share: a thinking block, a partial
+marker at a stream's tail, a JSON call, a text value cast to its parameter's schema.
+
+A format's `parse(text, ctx, final)` reads a reply as if it ended at `text`. With final False the reply may
+go on: a call that is still open is neither a call nor content yet. The stream (formats/stream.py) relies on
+one property: the parse of a prefix is a prefix of the parse of the whole (content, reasoning and calls
+alike), trailing whitespace aside. Every format here is written to keep it."""
+
+import json
+import re
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
+
+
+class Format(ABC):
+    name: ClassVar[str]  # the family, as canitoolcall and the records name it
+    markers: ClassVar[tuple[str, ...]]  # what a stream must not let out half-written
+    call_start: ClassVar[str] = ""  # the text a call (or a block of calls) begins with: the lazy grammar's trigger
+    think_open: ClassVar[str] = "<think>"
+    think_close: ClassVar[str] = "</think>"
+
+    @classmethod
+    @abstractmethod
+    def for_template(cls, source: str) -> "Format | None":
+        """This family's format, set up for the template (a family's variants differ), where the template
+        writes it; None where it does not."""
+
+    @abstractmethod
+    def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply: ...
+
+    def starts_in_reasoning(self, ctx: ReplyContext) -> bool:
+        """The template opened the thinking block in the prompt (`<think>\\n` at its end)."""
+        return bool(self.think_open) and ctx.prompt_tail.rstrip().endswith(self.think_open)
+
+    def split_reasoning(self, text: str, ctx: ReplyContext) -> tuple[str, str]:
+        """(reasoning, the rest) of a reply whose thinking block comes first, if it has one."""
+        if not ctx.reasoning or not self.think_open:
+            return "", text
+        body = text
+        if not self.starts_in_reasoning(ctx):
+            stripped = text.lstrip()
+            if not stripped.startswith(self.think_open):
+                if self.think_open.startswith(stripped) and stripped:
+                    return "", ""  # maybe the block's opener, half-written
+                return "", text
+            body = stripped[len(self.think_open):]
+        end = body.find(self.think_close)
+        if end < 0:
+            return body.strip(), ""
+        return body[:end].strip(), body[end + len(self.think_close):].lstrip()
+
+
+def held_tail(text: str, markers: tuple[str, ...]) -> int:
+    """How many characters at the end of `text` may be the start of a marker (held back from a stream)."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+def json_call(obj: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | None:
+    """A call from a decoded `{"name": ..., "arguments": {...}}` (or "parameters"); None where it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args: Any = {}
+    for key in arg_keys:
+        if key in obj:
+            args = obj[key]
+            break
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], dumps(args), new_call_id())
+
+
+def dumps(args: Any) -> str:
+    return json.dumps(args, ensure_ascii=False)
+
+
+def loads_object(text: str) -> dict[str, Any] | None:
+    """A JSON object, or None where the text is not exactly one."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
+
+
+def cast_value(text: str, schema: dict[str, Any] | None) -> Any:
+    """A parameter written as text (Qwen's XML, GLM's arg_value, DeepSeek's DSML) as the tool's schema types
+    it, as vLLM's and llama.cpp's parsers cast it: a string stays the text; a number, a boolean, null, an
+    object or an array is read as JSON. Without a schema, JSON where the text is JSON, else the text."""
+    types = _types(schema)
+    if types == {"string"}:
+        return text
+    stripped = text.strip()
+    if types & {"integer", "number"} and _NUMBER.fullmatch(stripped):
+        value = json.loads(stripped)
+        if "integer" in types and "number" not in types and isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+    if "boolean" in types and stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if "null" in types and stripped.lower() in ("null", "none"):
+        return None
+    try:
+        value = json.loads(stripped)
+    except (json.JSONDecodeError, RecursionError):
+        return text
+    if types and "string" in types and not isinstance(value, (dict, list)):
+        return text
+    return value
+
+
+def _types(schema: dict[str, Any] | None) -> set[str]:
+    if not schema:
+        return set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    out: set[str] = set()
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            if isinstance(sub, dict):
+                out |= _types(sub)
+    if "enum" in schema and not out:
+        out |= {"string"} if all(isinstance(v, str) for v in schema["enum"]) else set()
+    return out
