@@ -66,7 +66,7 @@ class Samplers:
             if old is not None:
                 ll.llama_sampler_free(old)
         if p.grammar is not None:  # kept apart from the chain: see draw
-            g = ll.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+            g = _grammar(self.vocab, p.grammar, p.grammar_triggers)
             if not g:
                 raise UserError("llama.cpp could not parse the grammar", field="grammar")
             self.grammars[seq] = g
@@ -258,3 +258,12 @@ class Samplers:
         self.grammars.clear()
         self.on_device.clear()
         self._bound.clear()
+
+
+def _grammar(vocab: Any, grammar: str, triggers: tuple[str, ...]) -> Any:
+    """A grammar sampler: from the first token, or (lazy) from where a trigger pattern first matches the text."""
+    if not triggers:
+        return ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+    return ll.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.encode(), b"root", patterns, len(triggers),
+                                                       None, 0)

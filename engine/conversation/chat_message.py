@@ -4,7 +4,7 @@ into the model's prompt. Checked by mypy where it is built and where it is read.
 
 from typing import NotRequired, TypedDict
 
-from swarmtune.engine.conversation.tool_calls import ToolCall
+from swarmtune.engine.conversation.formats.reply import ToolCall
 
 
 class ChatMessage(TypedDict):
@@ -12,3 +12,4 @@ class ChatMessage(TypedDict):
     content: str
     tool_calls: NotRequired[list[ToolCall]]  # an assistant's calls
     tool_call_id: NotRequired[str]  # a tool message: the call whose result it is
+    reasoning: NotRequired[str]  # an assistant's reasoning, sent back by a client (reasoning_content, thinking)

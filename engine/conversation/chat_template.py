@@ -41,6 +41,9 @@ def tool_preamble(tools: list[dict[str, Any]]) -> str:
             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
         try:
@@ -52,12 +55,16 @@ class ChatTemplate:
         self.knows_tools = "tools" in source
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, variables: Mapping[str, Any] | None = None) -> str:
+        """variables: what a request adds to the template's context (`chat_template_kwargs`, `enable_thinking`,
+        `reasoning_effort`), as llama-server adds them; a template that does not read one ignores it. They
+        cannot replace the conversation itself."""
         msgs = messages
         if tools and not self.knows_tools:
             msgs = with_tools_in_system(messages, tools)
+        extra = {k: v for k, v in (variables or {}).items() if k not in RESERVED}
         try:
-            return self.template.render(messages=msgs, tools=tools if self.knows_tools else None,
+            return self.template.render(**extra, messages=msgs, tools=tools if self.knows_tools else None,
                                         add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
                                         eos_token=self.eos_token)
         except TemplateError:

@@ -18,6 +18,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64  # how many of its last tokens the penalties look at (llama.cpp's default)
     grammar: str | None = None  # GBNF every token must keep to (a tool call, a JSON schema); None: free
+    # lazy: the grammar holds only from where one of these regexes first matches the reply (its first group's
+    # start, or the match's), as llama-server holds a call under tool_choice auto; (): from the first token
+    grammar_triggers: tuple[str, ...] = ()
     ignore_eos: bool = False  # never draw an end of generation: the turn runs to its max_tokens (benchmarks)
 
     @property

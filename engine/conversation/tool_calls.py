@@ -1,17 +1,12 @@
-"""Tool calls: what a model writes when it calls a function, turned into OpenAI `tool_calls`; the calls
-and their results turned back into the text of the next prompt; and a grammar that makes a call parse.
+"""Tool calls written back into a prompt and constrained in a reply: the calls and their results as the text of
+the next prompt, for a template that does not render them itself; and a grammar that makes a call parse.
 
-The formats the families people run emit:
-- Hermes and Qwen (and any model whose template does not offer tools: engine/conversation/chat_template.py offers them
-  in this format): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call;
-- Llama 3.x: a bare JSON object, `{"name": ..., "parameters": {...}}` (or "arguments"), `;`-separated;
-- Mistral: `[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`.
-A family whose format none of these matches keeps its text as content."""
+Reading a reply's calls back is each family's format's (engine/conversation/formats/). The grammars here write
+a call in Hermes', Llama 3's or Mistral's shape: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+a bare `{"name": ..., "parameters": {...}}`, or `[TOOL_CALLS][{"name", "arguments"}]`."""
 
 import json
 import re
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -22,88 +17,6 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object, as text (what OpenAI's `function.arguments` holds)
-    id: str
-
-    def to_openai(self, index: int) -> dict[str, Any]:
-        return {"index": index, "id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def family(template_source: str) -> str:
-    """Which format a model's template writes and reads: hermes, llama3, mistral."""
-    if "[TOOL_CALLS]" in template_source:
-        return "mistral"
-    if "<|python_tag|>" in template_source or "<|eom_id|>" in template_source or (
-            "<|start_header_id|>" in template_source and "tools" in template_source):
-        return "llama3"
-    return "hermes"  # Qwen, Hermes, and what engine/conversation/chat_template.py offers a template without tools
-
-
-def _call(obj: Any, names: set[str] | None) -> ToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict) or (names is not None and obj["name"] not in names):
-        return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), new_call_id())
-
-
-def parse(text: str, fam: str, names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a reply. What does not parse as a call stays content."""
-    if fam == "mistral" and MISTRAL_TAG in text:
-        head, _, rest = text.partition(MISTRAL_TAG)
-        try:
-            items = json.loads(rest.strip())
-        except json.JSONDecodeError:
-            return text, []
-        calls = [c for c in (_call(i, names) for i in (items if isinstance(items, list) else [items])) if c]
-        return (head.strip(), calls) if calls else (text, [])
-    if fam == "llama3":
-        body = text.strip().removeprefix("<|python_tag|>")
-        calls = []
-        for part in body.split(";"):
-            try:
-                c = _call(json.loads(part), names)
-            except json.JSONDecodeError:
-                c = None
-            if c is None:
-                break
-            calls.append(c)
-        else:
-            if calls:
-                return "", calls
-    # Hermes / Qwen (and the fallback for any family: small models imitate the offered format)
-    calls, content, pos = [], [], 0
-    for m in re.finditer(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), text, re.S):
-        try:
-            c = _call(json.loads(m.group(1)), names)
-        except json.JSONDecodeError:
-            c = None
-        if c is None:
-            continue
-        content.append(text[pos : m.start()])
-        calls.append(c)
-        pos = m.end()
-    if not calls:
-        return text, []
-    tail = text[pos:]
-    content.append(tail[: tail.find(HERMES_OPEN)] if HERMES_OPEN in tail else tail)  # a call cut by max_tokens
-    return "".join(content).strip(), calls
-
-
 def render_call(fam: str, name: str, arguments: str) -> str:
     """A call as the model writes it, for an assistant message sent back in a later prompt."""
     try:
@@ -112,7 +25,7 @@ def render_call(fam: str, name: str, arguments: str) -> str:
         args = arguments
     if fam == "mistral":
         return MISTRAL_TAG + json.dumps([{"name": name, "arguments": args}], ensure_ascii=False)
-    if fam == "llama3":
+    if fam == "llama":
         return json.dumps({"name": name, "parameters": args}, ensure_ascii=False)
     return f"{HERMES_OPEN}\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + f"\n{HERMES_CLOSE}"
 
@@ -125,7 +38,7 @@ def render_result(content: str) -> str:
 def _call_schema(tool: dict[str, Any], fam: str) -> dict[str, Any]:
     fn = tool["function"]
     params = fn.get("parameters") or {"type": "object"}
-    key = "parameters" if fam == "llama3" else "arguments"
+    key = "parameters" if fam == "llama" else "arguments"
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, key: params},
             "required": ["name", key]}
 
@@ -144,12 +57,30 @@ def call_grammar(tools: list[dict[str, Any]], fam: str, parallel: bool) -> str:
         raise UserError(f"a tool's parameters schema cannot be enforced: {e}", field="tools") from None
     if fam == "mistral":
         root = f'root ::= "{MISTRAL_TAG}" "[" call ' + ('("," space call)* ' if parallel else "") + '"]"'
-    elif fam == "llama3":
+    elif fam == "llama":
         root = "root ::= call" + (' (";" space call)*' if parallel else "")
     else:
         one = f'"{HERMES_OPEN}\\n" call "\\n{HERMES_CLOSE}"'
         root = f"root ::= {one}" + (f' ("\\n" {one})*' if parallel else "")
     return body + "\n" + root + "\n"
+
+
+# Where a call begins, for a lazy grammar under tool_choice auto (regexes searched in the reply so far; the
+# grammar holds from the first group's start). A family missing here is read, not constrained.
+TRIGGERS: dict[str, tuple[str, ...]] = {
+    "qwen3-hermes": (re.escape(HERMES_OPEN),),
+    "llama": (r"^\s*(\{\s*\")",),  # a bare JSON call is the whole reply
+    "mistral": (re.escape(MISTRAL_TAG),),
+}
+
+
+def lazy_call_grammar(tools: list[dict[str, Any]], fam: str, parallel: bool) -> tuple[str, tuple[str, ...]] | None:
+    """The call grammar and its triggers for tool_choice auto: the model writes what it likes until it begins a
+    call, and the call is then held to the offered tools and their schemas, so a call it begins always parses.
+    None for a family whose call grammar swarmtune does not write."""
+    if fam not in TRIGGERS:
+        return None
+    return call_grammar(tools, fam, parallel), TRIGGERS[fam]
 
 
 def json_grammar(schema: dict[str, Any] | None) -> str:
@@ -160,38 +91,3 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
         return str(json_schema_to_gbnf(json.dumps(schema)))
     except Exception as e:
         raise UserError(f"response_format's schema cannot be enforced: {e}", field="response_format") from None
-
-
-class CallStream:
-    """A streamed reply that may hold calls: its content goes out as it comes, what may be a call is held,
-    and the calls come out at its end (whole: each call's arguments in one delta)."""
-
-    def __init__(self, fam: str, names: set[str] | None, active: bool) -> None:
-        self.fam, self.names, self.active = fam, names, active
-        self.text = ""
-        self.sent = 0  # characters of text sent as content
-        self.in_call = False
-
-    def feed(self, piece: str) -> str:
-        self.text += piece
-        if not self.active:
-            return piece
-        if self.fam != "hermes" or self.in_call:
-            return ""  # a bare-JSON or tagged-array family: the whole reply is read at its end
-        i = self.text.find(HERMES_OPEN, self.sent)
-        if i >= 0:
-            self.in_call = True
-            out, self.sent = self.text[self.sent : i], i
-            return out
-        keep = next((n for n in range(min(len(HERMES_OPEN) - 1, len(self.text)), 0, -1)
-                     if self.text.endswith(HERMES_OPEN[:n])), 0)
-        out = self.text[self.sent : len(self.text) - keep]
-        self.sent += len(out)
-        return out
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, the calls)."""
-        if not self.active:
-            return "", []
-        content, calls = parse(self.text[self.sent :], self.fam, self.names)
-        return content, calls
