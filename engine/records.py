@@ -263,6 +263,13 @@ class RequestRecord:
     prefill_time_s: float | None = None
     itl_s: float | None = None
     itl_max_s: float | None = None
+    # a chat's reply as its model's format read it (engine/conversation/formats/): the family ("unknown (read
+    # as qwen3-hermes)" where the template is no known family's), the characters of reasoning split off, and a
+    # call the model began that did not parse: why, and the reply's end as it was kept in the content
+    family: str = ""
+    reasoning_chars: int = 0
+    call_miss: str = ""
+    call_miss_text: str = ""
     type: str = "request"
 
     def to_json(self) -> str:

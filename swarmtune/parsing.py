@@ -243,6 +243,13 @@ def add_serving_flags(p: argparse.ArgumentParser, dashboard: bool) -> None:
                    help="--clients: a chat prompt past an agent's context gets the error its SDK knows (error), or "
                         "loses its oldest messages, system prompt and tools kept, until it fits; the response's "
                         "`swarmtune.trimmed` says how many and their tokens (trim-front)")
+    g.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
+                   help="--clients: a reply's reasoning (<think>, a thought channel) goes out apart, as "
+                        "reasoning_content, thinking blocks or reasoning items (auto), or stays in the content "
+                        "as the model wrote it (none); as llama-server's flag")
+    g.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="--clients: render chats with this Jinja template instead of the GGUF's own (many GGUFs "
+                        "ship a broken one); its markers also say which family's tool calls replies are read for")
     g.add_argument("--record", dest="record_path", default=None,
                    help="also write every step and every served request to this file (JSON lines)")
     g.add_argument("--transcript", dest="transcript_path", default=None,

@@ -31,6 +31,7 @@ from swarmtune.engine.agents.traffic_watch import TrafficWatch
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import cache_miss, chunk_reuse
 from swarmtune.engine.conversation.cache_miss import CacheMiss
+from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
 from swarmtune.engine.conversation.token_hashes import common_prefix
@@ -86,6 +87,7 @@ class ServedRequest:
     stop: tuple[str, ...] = ()
     key: str | None = None  # pins the conversation to an agent (the request's `user`, or a header)
     endpoint: str = "chat"
+    reader: ReplyReader | None = None  # how its reply is read (a chat's; None: a raw completion)
     # called on the engine's thread (close_all: any thread); never blocks
     emit: Callable[[Delta | Finished | Closed], None] = lambda event: None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
@@ -143,6 +145,9 @@ class ServedRequest:
             self.power_source = step.power_source or ""
 
 
+CALL_TEXT_KEPT = 400  # of a reply whose call failed to parse, the last characters a record keeps
+
+
 def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecord:
     """What a request that ended at `end` (perf_counter; the engine's clock now_s) wrote, less the seconds
     and energy of the step that ended it (ServedAgents.on_record adds them)."""
@@ -163,6 +168,11 @@ def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecor
         rec.draft_tokens, rec.accepted_draft_tokens = end_at[0] - req.drafts_at[0], end_at[1] - req.drafts_at[1]
     if (m := req.miss) is not None:
         rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)
+    if (reader := req.reader) is not None:
+        reply = reader.whole(req.text.text)
+        rec.family, rec.reasoning_chars = reader.label, len(reply.reasoning)
+        if reply.broken:  # a call the model began that did not parse: its text stays, for whoever reads why
+            rec.call_miss, rec.call_miss_text = reply.broken, req.text.text[-CALL_TEXT_KEPT:]
     return rec
 
 
@@ -449,7 +459,12 @@ class ServedAgents:
         usage = Usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
         req.emit(Finished(req.finish_reason, usage, req.text.matched))
         # the step that ended it has no record yet (its seconds and energy): finished in on_record
-        self._ending.append((req, request_record(req, now_s, time.perf_counter())))
+        rec = request_record(req, now_s, time.perf_counter())
+        if rec.call_miss:  # the dashboard's agents panel says a turn's call failed, as it says a cache miss
+            for a in self._agents:
+                if a.id == req.agent:
+                    a.miss = f"call unparsed: {rec.call_miss}"[:60]
+        self._ending.append((req, rec))
 
     def on_record(self, step: StepRecord) -> None:
         """After every step: each request in it is charged the step's seconds and its share of the energy;

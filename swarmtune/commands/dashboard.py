@@ -24,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError("--transcript needs --clients: it writes the conversations your clients send")
         # the screen first, from what the model file and the flags say; the model loads on the source's thread
         return _dashboard(LiveSource.later(lambda: make_engine(args), preview(args)))
-    from swarmtune.commands.serve import checked_address
+    from swarmtune.commands.serve import chat_config, checked_address
     from swarmtune.engine.agents.served import ServedAgents
     from swarmtune.server.hosted import HostedSource
     from swarmtune.server.runner import EngineRunner
@@ -38,7 +38,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         TranscriptWriter(args.transcript_path).listen(engine.workload)
     return _dashboard(HostedSource(runner, engine.workload, args.host, args.port, token,
-                                   allow_hosts=tuple(args.allow_hosts), allow_origins=tuple(args.allow_origins)))
+                                   allow_hosts=tuple(args.allow_hosts), allow_origins=tuple(args.allow_origins),
+                                   chat=chat_config(args)))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:

@@ -5,9 +5,13 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from swarmtune.engine.errors import UserError
 from swarmtune.factories import make_engine
+
+if TYPE_CHECKING:
+    from swarmtune.server.bridge import ChatConfig
 
 
 def _check_can_listen(host: str, port: int) -> None:
@@ -40,6 +44,26 @@ def checked_address(args: argparse.Namespace) -> str | None:
     return token
 
 
+def chat_config(args: argparse.Namespace) -> "ChatConfig":
+    """How chats are rendered and read: --on-overflow, --reasoning-format, --chat-template-file (read now: a
+    file that cannot be read fails here, in one line, before the model loads)."""
+    from swarmtune.server.bridge import ChatConfig
+
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--chat-template-file {args.chat_template_file}: {getattr(e, 'strerror', None) or e}"
+                            ) from None
+        from swarmtune.engine.conversation.chat_template import ChatTemplate
+
+        ChatTemplate(template)  # a template that does not parse fails here, in one line
+    return ChatConfig(trim_front=args.on_overflow == "trim-front", reasoning=args.reasoning_format != "none",
+                      template=template)
+
+
 def stop_on_engine_death(runner, server) -> None:
     """A dead engine ends the server: its cause in one line, then a non-zero exit (cmd_serve) for a
     supervisor to restart it; every client waiting was told already (EngineRunner)."""
@@ -60,13 +84,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from swarmtune.server.server import ApiServer, make_app
 
     token = checked_address(args)
+    chat = chat_config(args)
     if args.transcript_path and not args.clients:
         raise UserError("--transcript needs --clients: it writes the conversations your clients send")
     engine = make_engine(args)
     served = engine.workload if isinstance(engine.workload, ServedAgents) else None
     runner = EngineRunner(engine, served=served, record_path=args.record_path, hide_text=args.hide_text)
     app = make_app(runner, token, served, allow_hosts=tuple(args.allow_hosts),
-                   allow_origins=tuple(args.allow_origins), trim_front=args.on_overflow == "trim-front")
+                   allow_origins=tuple(args.allow_origins), chat=chat)
     transcript = None
     if args.transcript_path:
         from swarmtune.server.transcript import TranscriptWriter

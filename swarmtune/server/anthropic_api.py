@@ -6,9 +6,9 @@ an `input_schema`; `tool_choice` auto, any, tool (a grammar makes the call parse
 `stop_sequences`, `temperature`, `top_p`, `top_k`. Errors in Anthropic's shape,
 `{"type": "error", "error": {"type", "message"}}`."""
 
+import hashlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished
 from swarmtune.engine.conversation.chat_message import ChatMessage
-from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, parse
-from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools
+from swarmtune.engine.conversation.formats.reply import Reply, ToolCall
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools, template_variables
 from swarmtune.server.openai_schema import MAX_STOP, BadRequest, parse_json, validated
 
 
@@ -49,7 +49,33 @@ class ToolResultBlock(BaseModel):
         return f"error: {body}" if self.is_error else body
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+                  Field(discriminator="type")]
+
+
+class Thinking(BaseModel):
+    """Anthropic's `thinking` switch: enabled (with a budget), adaptive (the model decides), disabled."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    def enabled(self) -> bool | None:
+        """The template's enable_thinking: None under adaptive, where the template's default decides."""
+        return {"enabled": True, "disabled": False}.get(self.type)
 
 
 class AMessage(BaseModel):
@@ -91,6 +117,7 @@ class MessagesRequest(BaseModel):
     tools: list[ATool] | None = None
     tool_choice: AToolChoice | None = None
     metadata: Metadata | None = None
+    thinking: Thinking | None = None
 
 
 class CountRequest(BaseModel):
@@ -123,6 +150,7 @@ def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) ->
             out.append({"role": m.role, "content": m.content})
             continue
         text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
+        thought = "".join(b.thinking for b in m.content if isinstance(b, ThinkingBlock))
         calls = [ToolCall(b.name, json.dumps(b.input, ensure_ascii=False), b.id) for b in m.content
                  if isinstance(b, ToolUseBlock)]
         for b in m.content:
@@ -132,6 +160,8 @@ def _messages(system: str | list[TextBlock] | None, messages: list[AMessage]) ->
             msg: ChatMessage = {"role": m.role, "content": text}
             if calls:
                 msg["tool_calls"] = calls
+            if thought and m.role == "assistant":
+                msg["reasoning"] = thought
             out.append(msg)
     if not out or out[-1]["role"] == "assistant" and not out[-1].get("content"):
         raise BadRequest("messages: the conversation must end with a user message", "messages")
@@ -152,12 +182,61 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def text_delta(index: int, text: str, opened: bool) -> bytes:
-    """Text for the text block at index: its content_block_start first, if it is not open yet."""
-    start = b"" if opened else _sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                           "content_block": {"type": "text", "text": ""}})
-    return start + _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                "delta": {"type": "text_delta", "text": text}})
+def signature(thinking: str) -> str:
+    """A thinking block's signature: Anthropic's is opaque and checked by its servers; this one says the
+    block came from this server unchanged (a client sends it back, and the template sees the text)."""
+    return "swarmtune:" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
+
+
+class Blocks:
+    """A streamed reply's content blocks: thinking, then text, then the calls, each opened on its first
+    delta and closed when the next kind begins."""
+
+    def __init__(self) -> None:
+        self.index, self.open, self.thought = 0, "", ""
+
+    def _start(self, kind: str) -> bytes:
+        out = self.close()
+        self.open = kind
+        block = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        return out + _sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                  "content_block": block})
+
+    def close(self) -> bytes:
+        if not self.open:
+            return b""
+        out = b""
+        if self.open == "thinking":
+            out = _sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                               "delta": {"type": "signature_delta",
+                                                         "signature": signature(self.thought)}})
+        self.open, self.index = "", self.index + 1
+        return out + _sse("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})
+
+    def delta(self, d: Reply) -> bytes:
+        out = b""
+        if d.reasoning:
+            if self.open != "thinking":
+                out += self._start("thinking")
+            self.thought += d.reasoning
+            out += _sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                "delta": {"type": "thinking_delta", "thinking": d.reasoning}})
+        if d.content:
+            if self.open != "text":
+                out += self._start("text")
+            out += _sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                "delta": {"type": "text_delta", "text": d.content}})
+        for c in d.calls:
+            out += self.close()
+            out += _sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                "content_block": {"type": "tool_use", "input": {},
+                                                                  "id": "toolu_" + c.id.removeprefix("call_"),
+                                                                  "name": c.name}})
+            out += _sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {
+                "type": "input_json_delta", "partial_json": c.arguments}})
+            out += _sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+            self.index += 1
+        return out
 
 
 def _usage(fin: Finished) -> dict[str, Any]:
@@ -195,10 +274,13 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
             if len(stops) > MAX_STOP * 2:
                 raise BadRequest(f"stop_sequences takes at most {MAX_STOP * 2} sequences", "stop_sequences")
             p = plan(body)
-            prompt = await bridge.prompt(_messages(body.system, body.messages), p.offered, limit=body.max_tokens)
+            variables = template_variables(None, thinking=body.thinking.enabled() if body.thinking else None)
+            prompt = await bridge.prompt(_messages(body.system, body.messages), p.offered, limit=body.max_tokens,
+                                         variables=variables)
+            reader = bridge.reader(p, prompt)
             key = request.headers.get(AGENT_HEADER) or (body.metadata.user_id if body.metadata else None)
             req = bridge.request(prompt, body.max_tokens, Sampling(body.temperature, body.top_p, body.top_k),
-                                 stops, key, "messages", p.grammar)
+                                 stops, key, "messages", p.grammar, reader=reader, triggers=p.triggers)
             q = bridge.submit(req)
         except BadRequest as e:
             return error(e.status, "invalid_request_error" if e.status < 500 else "api_error", str(e))
@@ -214,8 +296,11 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
             if isinstance(got, Closed):
                 return error(503, "api_error", got.message)
             text, fin = got
-            content_text, calls = parse(text, bridge.family, p.names) if p.parse else (text, [])
-            content: list[dict[str, Any]] = [{"type": "text", "text": content_text}] if content_text else []
+            reply = reader.whole(text)
+            calls = reply.calls
+            content: list[dict[str, Any]] = [{"type": "thinking", "thinking": reply.reasoning,
+                                              "signature": signature(reply.reasoning)}] if reply.reasoning else []
+            content += [{"type": "text", "text": reply.content}] if reply.content else []
             content += [{"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
                          "input": json.loads(c.arguments)} for c in calls]
             reason, seq = _stop_reason(fin, bool(calls))
@@ -227,37 +312,20 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
                 **head, "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": req.prompt_tokens, "output_tokens": 0}}})
             yield _sse("ping", {"type": "ping"})
-            calls = CallStream(bridge.family, p.names, p.parse)
-            index, text_open = 0, False
+            reply, blocks = reader.stream(), Blocks()
             last_ping = time.monotonic()
             async for ev in bridge.events(req, q):
                 if isinstance(ev, Delta):
-                    if text := calls.feed(ev.text):
-                        yield text_delta(index, text, text_open)
-                        text_open = True
+                    if out := blocks.delta(reply.feed(ev.text)):
+                        yield out
                     elif time.monotonic() - last_ping > 10:  # a long call being written: the line stays alive
                         last_ping = time.monotonic()
                         yield _sse("ping", {"type": "ping"})
                 elif isinstance(ev, Closed):
                     yield _sse("error", {"type": "error", "error": {"type": "api_error", "message": ev.message}})
                 else:
-                    rest, made = calls.finish()
-                    if rest:
-                        yield text_delta(index, rest, text_open)
-                        text_open = True
-                    if text_open:
-                        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-                        index += 1
-                    for c in made:
-                        yield _sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                           "content_block": {"type": "tool_use", "input": {},
-                                                                             "id": "toolu_" + uuid.uuid4().hex[:24],
-                                                                             "name": c.name}})
-                        yield _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                            "type": "input_json_delta", "partial_json": c.arguments}})
-                        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-                        index += 1
-                    reason, seq = _stop_reason(ev, bool(made))
+                    yield blocks.delta(reply.finish()) + blocks.close()
+                    reason, seq = _stop_reason(ev, bool(reply.calls))
                     yield _sse("message_delta", {"type": "message_delta",
                                                  "delta": {"stop_reason": reason, "stop_sequence": seq},
                                                  "usage": _usage(ev), "swarmtune": account(req)})

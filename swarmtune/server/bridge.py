@@ -6,6 +6,7 @@ An API module turns its own body into these calls and the reply into its own sha
 another's."""
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,14 +18,18 @@ from fastapi import Request
 from swarmtune.engine.agents.prompt import PromptRenderer
 from swarmtune.engine.agents.served import Closed, Delta, Finished, ServedAgents, ServedRequest
 from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.formats.hermes import Hermes
+from swarmtune.engine.conversation.formats.reader import ReplyReader
+from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.conversation.tool_calls import call_grammar, json_grammar
+from swarmtune.engine.conversation.tool_calls import TRIGGERS, call_grammar, json_grammar, lazy_call_grammar
 from swarmtune.engine.errors import UserError
 from swarmtune.server.openai_schema import BadRequest
 from swarmtune.server.outbox import Outbox
 from swarmtune.server.runner import EngineRunner
 
 AGENT_HEADER = "x-swarmtune-agent"  # pins a conversation to an agent, as a body's user field does
+TAIL_CHARS = 256  # of a rendered prompt, kept to read where it left the reply (a generation prompt is shorter)
 
 
 def overflow_message(endpoint: str, prompt: int, ctx: int, limit: int | None = None, limit_param: str = "") -> str:
@@ -55,6 +60,8 @@ class ToolPlan:
     names: set[str] | None  # the functions a call may name
     parse: bool  # whether the reply is read for calls
     parallel: bool = True
+    triggers: tuple[str, ...] = ()  # the grammar holds from where one matches (lazy, under auto); (): throughout
+    hermes: bool = False  # the grammar writes the call in Hermes' shape, the family's own having no grammar here
 
 
 def plan_tools(tools: list[dict[str, Any]], choice: str, fam: str, parallel: bool = True,
@@ -68,16 +75,40 @@ def plan_tools(tools: list[dict[str, Any]], choice: str, fam: str, parallel: boo
                 raise BadRequest("tool_choice asks for a call, but the request has no tools", "tool_choice")
             return ToolPlan(None, grammar, None, False)
         names = {t["function"]["name"] for t in tools}
+        # a family whose call grammar swarmtune does not write is held to Hermes' shape, and read in it
+        shape = fam if fam in TRIGGERS else "qwen3-hermes"
         if choice == "required":
-            return ToolPlan(tools, call_grammar(tools, fam, parallel), names, True, parallel)
+            return ToolPlan(tools, call_grammar(tools, shape, parallel), names, True, parallel,
+                            hermes=shape != fam)
         if choice != "auto":
             if choice not in names:
                 raise BadRequest(f"tool_choice names {choice!r}, which is not among the tools", "tool_choice")
             chosen = [t for t in tools if t["function"]["name"] == choice]
-            return ToolPlan(tools, call_grammar(chosen, fam, parallel=False), {choice}, True, False)
+            return ToolPlan(tools, call_grammar(chosen, shape, parallel=False), {choice}, True, False,
+                            hermes=shape != fam)
+        if grammar is None and (lazy := lazy_call_grammar(tools, fam, parallel)) is not None:
+            return ToolPlan(tools, lazy[0], names, True, parallel, lazy[1])
         return ToolPlan(tools, grammar, names, True, parallel)
     except UserError as e:  # a schema the grammar cannot express
         raise BadRequest(str(e), e.field) from None
+
+
+def template_variables(kwargs: dict[str, Any] | None, effort: str | None = None, thinking: bool | None = None,
+                       param: str = "chat_template_kwargs") -> dict[str, Any]:
+    """What a request adds to its template's context, as llama-server adds it: `chat_template_kwargs` as they
+    came, `reasoning_effort` (and "none" as thinking off), and an API's own switch for thinking (Anthropic's
+    `thinking`). A template that reads none of them renders as without; a switch of the wrong type is a 400."""
+    out = dict(kwargs or {})
+    if "enable_thinking" in out and not isinstance(out["enable_thinking"], bool):
+        raise BadRequest(f"{param}.enable_thinking must be a boolean (got {json.dumps(out['enable_thinking'])[:40]})",
+                         f"{param}.enable_thinking")
+    if effort is not None:
+        out.setdefault("reasoning_effort", effort)
+        if effort == "none":
+            out.setdefault("enable_thinking", False)
+    if thinking is not None:
+        out.setdefault("enable_thinking", thinking)
+    return out
 
 
 def model_id(path: str) -> str:
@@ -98,7 +129,7 @@ class Sampling:
     frequency_penalty: float | None = None
     ignore_eos: bool = False  # an extension, as llama-server and vLLM take it
 
-    def params(self, grammar: str | None) -> SamplingParams:
+    def params(self, grammar: str | None, triggers: tuple[str, ...] = ()) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature if self.temperature is not None else 0.8,
             top_k=self.top_k if self.top_k is not None else 40,
@@ -108,15 +139,27 @@ class Sampling:
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             grammar=grammar,
+            grammar_triggers=triggers,
             ignore_eos=self.ignore_eos,
         )
 
 
+@dataclass(frozen=True)
+class ChatConfig:
+    """How the server renders chats and reads replies, for every API alike."""
+
+    trim_front: bool = False  # --on-overflow trim-front: drop a prompt's oldest messages until it fits
+    reasoning: bool = True  # --reasoning-format auto (False: none, the reasoning stays in the content)
+    template: str | None = None  # --chat-template-file's text, over the GGUF's own
+
+
 class RenderedPrompt(list[int]):
     """A chat prompt's tokens, and where its system prompt ends in them (0: no system prompt, or unknown);
-    where --on-overflow trim-front dropped its oldest messages to fit, how many and their tokens."""
+    where --on-overflow trim-front dropped its oldest messages to fit, how many and their tokens; the end of
+    its text, which says whether the reply starts inside a thinking block."""
 
     system_tokens: int = 0
+    text_end: str = ""
     trimmed_messages: int = 0
     trimmed_tokens: int = 0
 
@@ -139,11 +182,11 @@ def drop_oldest(messages: list[ChatMessage]) -> list[ChatMessage] | None:
 
 
 class Bridge:
-    def __init__(self, runner: EngineRunner, served: ServedAgents, trim_front: bool = False) -> None:
-        self.runner, self.served = runner, served
-        self.trim_front = trim_front  # --on-overflow trim-front: drop a prompt's oldest messages until it fits
+    def __init__(self, runner: EngineRunner, served: ServedAgents, chat: ChatConfig = ChatConfig()) -> None:
+        self.runner, self.served, self.chat = runner, served, chat
+        self.trim_front = chat.trim_front
         self.backend = runner.engine.backend
-        self.renderer = PromptRenderer(self.backend)
+        self.renderer = PromptRenderer(self.backend, chat.template)
         self.model = model_id(runner.engine.facts.path)
         self.created = int(time.time())
         self._outbox: Outbox | None = None  # the server loop's, made by the first request
@@ -152,12 +195,23 @@ class Bridge:
     def family(self) -> str:
         return self.renderer.family
 
+    def reader(self, plan: "ToolPlan", prompt: "RenderedPrompt") -> ReplyReader:
+        """How this request's reply is read: the model's format, the request's tools, where its prompt left
+        the reply."""
+        ctx = ReplyContext(prompt_tail=prompt.text_end, reasoning=self.chat.reasoning, tools=tuple(plan.offered or ()),
+                           calls=plan.parse)
+        picked = self.renderer.picked
+        if plan.hermes:
+            return ReplyReader(Hermes(), ctx, f"{picked.label}, held to qwen3-hermes by the grammar")
+        return ReplyReader(picked.fmt, ctx, picked.label)
+
     async def prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                     param: str = "messages", limit: int | None = None) -> "RenderedPrompt":
+                     param: str = "messages", limit: int | None = None,
+                     variables: dict[str, Any] | None = None) -> "RenderedPrompt":
         """The conversation rendered and tokenized; under trim-front, less its oldest turns until it and its
         limit (or a short reply) fit an agent's context. Nothing is dropped silently: the response says
-        what was (bridge.account)."""
-        out = await self._rendered(messages, tools, param)
+        what was (bridge.account). variables: the template's additions (thinking, effort, kwargs)."""
+        out = await self._rendered(messages, tools, param, variables)
         if not self.trim_front:
             return out
         fits = self.runner.engine.s.ctx_per_agent - 2 - (limit if limit is not None else MIN_REPLY_TOKENS)
@@ -165,20 +219,25 @@ class Bridge:
         while len(out) > fits and (fewer := drop_oldest(messages)) is not None:
             dropped += len(messages) - len(fewer)
             messages = fewer
-            out = await self._rendered(messages, tools, param)
+            out = await self._rendered(messages, tools, param, variables)
         out.trimmed_messages, out.trimmed_tokens = dropped, whole - len(out)
         return out
 
-    async def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        param: str) -> "RenderedPrompt":
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, param: str = "messages",
+               variables: dict[str, Any] | None = None) -> str:
         try:
-            text = self.renderer.render(messages, tools)
+            return self.renderer.render(messages, tools, variables)
         except UserError as e:
             raise BadRequest(str(e), param) from None
+
+    async def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        param: str, variables: dict[str, Any] | None = None) -> "RenderedPrompt":
+        text = self.render(messages, tools, param, variables)
         return await asyncio.to_thread(self._tokenized, text, messages)
 
     def _tokenized(self, text: str, messages: list[ChatMessage]) -> "RenderedPrompt":
         out = RenderedPrompt(self.backend.tokenize(text))
+        out.text_end = text[-TAIL_CHARS:]
         content = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
         if isinstance(content, str) and content and (at := text.find(content)) >= 0:
             # where the system prompt ends, in tokens: a miss before it is said to be the system prompt's
@@ -190,7 +249,8 @@ class Bridge:
 
     def request(self, prompt: list[int], limit: int | None, sampling: Sampling, stop: tuple[str, ...],
                 key: str | None, endpoint: str, grammar: str | None = None, prompt_param: str = "messages",
-                limit_param: str = "max_tokens") -> ServedRequest:
+                limit_param: str = "max_tokens", reader: ReplyReader | None = None,
+                triggers: tuple[str, ...] = ()) -> ServedRequest:
         """The request, checked: a prompt that fits an agent's context, a limit that fits after it."""
         ctx = self.runner.engine.s.ctx_per_agent
         if not prompt:
@@ -204,8 +264,8 @@ class Bridge:
         if grammar is not None and (why := self.backend.check_grammar(grammar)) is not None:
             raise BadRequest(f"the output cannot be constrained: {why}", "tools")
         return ServedRequest(prompt=prompt, max_tokens=limit if limit is not None else room,
-                             params=sampling.params(grammar), stop=stop, key=key, endpoint=endpoint,
-                             system_tokens=getattr(prompt, "system_tokens", 0),
+                             params=sampling.params(grammar, triggers), stop=stop, key=key, endpoint=endpoint,
+                             system_tokens=getattr(prompt, "system_tokens", 0), reader=reader,
                              trimmed=(getattr(prompt, "trimmed_messages", 0), getattr(prompt, "trimmed_tokens", 0)))
 
     def submit(self, req: ServedRequest) -> asyncio.Queue[Delta | Finished | Closed]:

@@ -10,6 +10,7 @@ import uvicorn
 
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.control import Control, EngineState
+from swarmtune.server.bridge import ChatConfig
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.server import ApiServer, make_app
 from swarmtune.sources.protocol import Capabilities, Sink
@@ -20,13 +21,13 @@ class HostedSource:
 
     def __init__(self, runner: EngineRunner, served: ServedAgents, host: str, port: int,
                  token: str | None, allow_hosts: tuple[str, ...] = (),
-                 allow_origins: tuple[str, ...] = ()) -> None:
+                 allow_origins: tuple[str, ...] = (), chat: ChatConfig | None = None) -> None:
         self.runner = runner
         runner.hosted = True
         self.served = served
         self.mode = "SIMULATED" if runner.engine.backend.source == "simulated" else ""
         self.url = f"http://{host}:{port}"
-        app = make_app(runner, token, served, allow_hosts, allow_origins)
+        app = make_app(runner, token, served, allow_hosts, allow_origins, chat)
         self.server = ApiServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                timeout_graceful_shutdown=2), served)
         self._thread = threading.Thread(target=self.server.run, name="api", daemon=True)

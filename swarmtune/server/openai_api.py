@@ -4,7 +4,7 @@ and /v1/completions, streamed as Server-Sent Events or not; GET /v1/models."""
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
 from swarmtune.engine.conversation.chat_message import ChatMessage
-from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, new_call_id, parse
-from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
+from swarmtune.engine.conversation.formats.reply import Reply, ToolCall, new_call_id
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools, template_variables
 from swarmtune.server.openai_schema import (
     BadRequest,
     ChatRequest,
@@ -21,6 +21,7 @@ from swarmtune.server.openai_schema import (
     Message,
     NamedToolChoice,
     SamplingFields,
+    TemplateRequest,
     error_body,
     error_response,
     parse_json,
@@ -44,6 +45,8 @@ def normalised(m: Message) -> ChatMessage:
                              for c in m.tool_calls]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
+    if m.role == "assistant" and (reasoning := m.reasoning_content or m.reasoning):
+        out["reasoning"] = reasoning
     return out
 
 
@@ -95,7 +98,7 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": bridge.created,
                                              "owned_by": "swarmtune",
                                              "meta": {"chat_template": bridge.renderer.how,
-                                                      "tool_call_format": bridge.family}}]}
+                                                      "tool_call_format": bridge.renderer.picked.label}}]}
 
     @app.post("/v1/chat/completions", summary="OpenAI chat completions: each conversation is an agent",
               response_class=Response)
@@ -113,8 +116,12 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             plan = plan_tools([t.model_dump(exclude_none=True) for t in body.tools or []], choice, bridge.family,
                               body.parallel_tool_calls, fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
                               json_output=fmt is not None and fmt.type != "text")
-            prompt = await bridge.prompt([normalised(m) for m in body.messages], plan.offered, limit=body.limit())
-            req = bridge.request(prompt, body.limit(), sampling_of(body), body.stops(), key, "chat", plan.grammar)
+            variables = template_variables(body.chat_template_kwargs, body.reasoning_effort)
+            prompt = await bridge.prompt([normalised(m) for m in body.messages], plan.offered, limit=body.limit(),
+                                         variables=variables)
+            reader = bridge.reader(plan, prompt)
+            req = bridge.request(prompt, body.limit(), sampling_of(body), body.stops(), key, "chat", plan.grammar,
+                                 reader=reader, triggers=plan.triggers)
             q = bridge.submit(req)
         except BadRequest as e:
             return error_response(e)
@@ -126,8 +133,12 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             if isinstance(got, Response):
                 return got
             text_out, fin = got
-            content, calls = parse(text_out, bridge.family, plan.names) if plan.parse else (text_out, [])
-            message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+            reply = reader.whole(text_out)
+            calls = reply.calls
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": reply.content if reply.content or not calls else None}
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
             if calls:
                 message["tool_calls"] = [{k: v for k, v in c.to_openai(i).items() if k != "index"}
                                          for i, c in enumerate(calls)]
@@ -152,20 +163,27 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
                 return c
 
             yield sse(chunk({"role": "assistant", "content": ""}, None))
-            calls = CallStream(bridge.family, plan.names, plan.parse)
+            reply = reader.stream()
+
+            def deltas(d: Reply) -> Iterator[bytes]:
+                if d.reasoning:
+                    yield sse(chunk({"reasoning_content": d.reasoning}, None))
+                if d.content:
+                    yield sse(chunk({"content": d.content}, None))
+                first = len(reply.calls) - len(d.calls)
+                for i, c in enumerate(d.calls, start=first):  # a call goes out whole, once it is one
+                    yield sse(chunk({"tool_calls": [c.to_openai(i)]}, None))
+
             async for ev in bridge.events(req, q):
                 if isinstance(ev, Delta):
-                    if text := calls.feed(ev.text):
-                        yield sse(chunk({"content": text}, None))
+                    for out in deltas(reply.feed(ev.text)):
+                        yield out
                 elif isinstance(ev, Closed):  # OpenAI's way to fail a stream midway: an error event, then the end
                     yield sse(error_body(ev.message, "server_error", None, "shutting_down"))
                 else:
-                    rest, made = calls.finish()
-                    if rest:
-                        yield sse(chunk({"content": rest}, None))
-                    for i, c in enumerate(made):
-                        yield sse(chunk({"tool_calls": [c.to_openai(i)]}, None))
-                    yield sse(chunk({}, "tool_calls" if made else ev.reason))
+                    for out in deltas(reply.finish()):
+                        yield out
+                    yield sse(chunk({}, "tool_calls" if reply.calls else ev.reason))
                     if include_usage:
                         yield sse({"id": cid, "object": "chat.completion.chunk", "created": now, "model": model,
                                    "system_fingerprint": None, "choices": [], "usage": usage_body(ev.usage),
@@ -173,6 +191,20 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             yield sse("[DONE]")
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.post("/apply-template", summary="the prompt a chat renders to, as llama-server's /apply-template",
+              response_class=Response)
+    async def apply_template(request: Request) -> Response:
+        try:
+            body = validated(TemplateRequest, parse_json(await request.body()))
+            if not body.messages:
+                raise BadRequest("messages is empty: a chat needs at least one message", "messages")
+            tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
+            variables = template_variables(body.chat_template_kwargs, body.reasoning_effort)
+            text = bridge.render([normalised(m) for m in body.messages], tools, variables=variables)
+        except BadRequest as e:
+            return error_response(e)
+        return JSONResponse({"prompt": text})
 
     @app.post("/v1/completions", summary="OpenAI (legacy) completions over a raw prompt", response_class=Response)
     async def completions(request: Request) -> Response:

@@ -59,6 +59,8 @@ class Message(BaseModel):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[MessageToolCall] | None = None
+    reasoning_content: str | None = None  # an earlier reply's reasoning, sent back (llama-server's field)
+    reasoning: str | None = None  # vLLM's name for it
 
     def text(self) -> str:
         if self.content is None:
@@ -148,6 +150,9 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
 class ChatRequest(SamplingFields):
     messages: list[Message]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -156,9 +161,22 @@ class ChatRequest(SamplingFields):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    # the template's variables (llama-server's and vLLM's extension): {"enable_thinking": false}, ...
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Effort | None = None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TemplateRequest(BaseModel):
+    """POST /apply-template's body: a chat's messages, tools and template variables (the rest is ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    messages: list[Message]
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Effort | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished
 from swarmtune.engine.conversation.chat_message import ChatMessage
-from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, parse
-from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools
+from swarmtune.engine.conversation.formats.reply import Reply, ToolCall
+from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools, template_variables
 from swarmtune.server.openai_api import busy_response, whole_reply
 from swarmtune.server.openai_schema import BadRequest, error_body, error_response, parse_json, validated
 
@@ -57,6 +57,31 @@ class FunctionOutputItem(BaseModel):
     output: str
 
 
+class ReasoningText(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """An earlier response's reasoning, sent back in `input` (as Codex sends it)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["reasoning"]
+    id: str = ""
+    summary: list[ReasoningText] = []
+    content: list[ReasoningText] | None = None
+
+    def text(self) -> str:
+        return "".join(p.text for p in (self.content or self.summary))
+
+
+class ReasoningConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+
+
 class FunctionTool(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["function"]
@@ -74,7 +99,8 @@ class NamedFunctionChoice(BaseModel):
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
-    input: str | list[Annotated[MessageItem | FunctionCallItem | FunctionOutputItem, Field(union_mode="left_to_right")]]
+    input: str | list[Annotated[MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem,
+                                Field(union_mode="left_to_right")]]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
@@ -86,16 +112,31 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     user: str | None = None
     store: bool = True
+    reasoning: ReasoningConfig | None = None
 
 
 def _items(body: ResponsesRequest) -> list[ChatMessage]:
-    """The request's input as engine/agents/prompt.py's messages."""
+    """The request's input as engine/agents/prompt.py's messages. A reasoning item opens the assistant turn
+    whose text and calls follow it, as a response's output lists them."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
     out: list[ChatMessage] = []
+
+    def open_turn() -> bool:  # the last message is an assistant turn with nothing but reasoning yet
+        return bool(out) and out[-1]["role"] == "assistant" and not out[-1]["content"] and \
+            not out[-1].get("tool_calls")
+
     for it in body.input:
-        if isinstance(it, MessageItem):
-            out.append({"role": "system" if it.role == "developer" else it.role, "content": it.text()})
+        if isinstance(it, ReasoningItem):
+            if open_turn():
+                out[-1]["reasoning"] = out[-1].get("reasoning", "") + it.text()
+            else:
+                out.append({"role": "assistant", "content": "", "reasoning": it.text()})
+        elif isinstance(it, MessageItem):
+            if it.role == "assistant" and open_turn():
+                out[-1]["content"] = it.text()
+            else:
+                out.append({"role": "system" if it.role == "developer" else it.role, "content": it.text()})
         elif isinstance(it, FunctionCallItem):
             call = ToolCall(it.name, it.arguments, it.call_id)
             if out and out[-1]["role"] == "assistant":
@@ -136,10 +177,14 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                      for t in body.tools or []]
             p = plan_tools(tools, choice, bridge.family, body.parallel_tool_calls)
-            prompt = await bridge.prompt(messages, p.offered, "input", limit=body.max_output_tokens)
+            variables = template_variables(None, body.reasoning.effort if body.reasoning else None)
+            prompt = await bridge.prompt(messages, p.offered, "input", limit=body.max_output_tokens,
+                                         variables=variables)
+            reader = bridge.reader(p, prompt)
             key = request.headers.get(AGENT_HEADER) or body.user or None
             req = bridge.request(prompt, body.max_output_tokens, Sampling(body.temperature, body.top_p), (), key,
-                                 "responses", p.grammar, "input", "max_output_tokens")
+                                 "responses", p.grammar, "input", "max_output_tokens", reader=reader,
+                                 triggers=p.triggers)
             q = bridge.submit(req)
         except BadRequest as e:
             return error_response(e)
@@ -166,19 +211,30 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                     "metadata": {}, "text": {"format": {"type": "text"}}, "store": body.store,
                     **({"swarmtune": account(req)} if fin is not None else {})}
 
-        def output_of(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            if text:
-                out.append({"type": "message", "id": f"msg_{req.id}", "status": "completed", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text, "annotations": []}]})
-            out += [{"type": "function_call", "id": f"fc_{c.id.removeprefix('call_')}", "call_id": c.id,
-                     "name": c.name, "arguments": c.arguments, "status": "completed"} for c in calls]
-            return out
+        mid, rsid = f"msg_{req.id}", f"rs_{req.id}"
 
-        def remember(text: str, calls: list[ToolCall]) -> None:
-            reply: ChatMessage = {"role": "assistant", "content": text}
-            if calls:
-                reply["tool_calls"] = calls
+        def reasoning_item(text: str) -> dict[str, Any]:
+            return {"type": "reasoning", "id": rsid, "status": "completed", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": text}]}
+
+        def message_item(text: str) -> dict[str, Any]:
+            return {"type": "message", "id": mid, "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+        def call_item(c: ToolCall) -> dict[str, Any]:
+            return {"type": "function_call", "id": f"fc_{c.id.removeprefix('call_')}", "call_id": c.id,
+                    "name": c.name, "arguments": c.arguments, "status": "completed"}
+
+        def output_of(r: Reply) -> list[dict[str, Any]]:
+            return ([reasoning_item(r.reasoning)] if r.reasoning else []) + (
+                [message_item(r.content)] if r.content else []) + [call_item(c) for c in r.calls]
+
+        def remember(r: Reply) -> None:
+            reply: ChatMessage = {"role": "assistant", "content": r.content}
+            if r.calls:
+                reply["tool_calls"] = list(r.calls)
+            if r.reasoning:
+                reply["reasoning"] = r.reasoning
             keep(rid, [m for m in messages if m["role"] != "system" or not body.instructions] + [reply])
 
         if not body.stream:
@@ -186,9 +242,9 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             if isinstance(got, Response):
                 return got
             text, fin = got
-            content, calls = parse(text, bridge.family, p.names) if p.parse else (text, [])
-            remember(content, calls)
-            return JSONResponse(response("completed", output_of(content, calls), fin))
+            whole = reader.whole(text)
+            remember(whole)
+            return JSONResponse(response("completed", output_of(whole), fin))
 
         async def stream() -> AsyncIterator[bytes]:
             seq = 0
@@ -198,54 +254,79 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                 seq += 1
                 return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **data})}\n\n".encode()
 
+            class Items:
+                """The output items as they stream: reasoning, then the message, then each call, an item
+                opened on its first delta and done when the next begins."""
+
+                def __init__(self) -> None:
+                    self.index, self.open = 0, ""
+                    self.reasoning, self.text = "", ""
+
+                def start(self, kind: str) -> bytes:
+                    out = self.close() + b""
+                    self.open = kind
+                    if kind == "reasoning":
+                        return out + event("response.output_item.added", output_index=self.index, item={
+                            "type": "reasoning", "id": rsid, "status": "in_progress", "summary": [], "content": []})
+                    return out + event("response.output_item.added", output_index=self.index, item={
+                        "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}) + \
+                        event("response.content_part.added", item_id=mid, output_index=self.index, content_index=0,
+                              part={"type": "output_text", "text": "", "annotations": []})
+
+                def close(self) -> bytes:
+                    out = b""
+                    if self.open == "reasoning":
+                        out = event("response.reasoning_text.done", item_id=rsid, output_index=self.index,
+                                    content_index=0, text=self.reasoning) + \
+                            event("response.output_item.done", output_index=self.index,
+                                  item=reasoning_item(self.reasoning))
+                    elif self.open == "message":
+                        out = event("response.output_text.done", item_id=mid, output_index=self.index,
+                                    content_index=0, text=self.text, logprobs=[]) + \
+                            event("response.output_item.done", output_index=self.index, item=message_item(self.text))
+                    if self.open:
+                        self.open, self.index = "", self.index + 1
+                    return out
+
+                def delta(self, d: Reply) -> bytes:
+                    out = b""
+                    if d.reasoning:
+                        out += self.start("reasoning") if self.open != "reasoning" else b""
+                        self.reasoning += d.reasoning
+                        out += event("response.reasoning_text.delta", item_id=rsid, output_index=self.index,
+                                     content_index=0, delta=d.reasoning)
+                    if d.content:
+                        out += self.start("message") if self.open != "message" else b""
+                        self.text += d.content
+                        out += event("response.output_text.delta", item_id=mid, output_index=self.index,
+                                     content_index=0, delta=d.content, logprobs=[])
+                    for c in d.calls:
+                        out += self.close()
+                        item = call_item(c)
+                        out += event("response.output_item.added", output_index=self.index,
+                                     item={**item, "arguments": "", "status": "in_progress"})
+                        out += event("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=self.index, delta=c.arguments)
+                        out += event("response.function_call_arguments.done", item_id=item["id"],
+                                     output_index=self.index, arguments=c.arguments)
+                        out += event("response.output_item.done", output_index=self.index, item=item)
+                        self.index += 1
+                    return out
+
             yield event("response.created", response=response("in_progress", [], None))
             yield event("response.in_progress", response=response("in_progress", [], None))
-            calls = CallStream(bridge.family, p.names, p.parse)
-            mid, sent, opened = f"msg_{req.id}", [], False
+            reply, items = reader.stream(), Items()
             async for ev in bridge.events(req, q):
                 if isinstance(ev, Delta):
-                    if text := calls.feed(ev.text):
-                        if not opened:
-                            opened = True
-                            yield event("response.output_item.added", output_index=0, item={
-                                "type": "message", "id": mid, "status": "in_progress", "role": "assistant",
-                                "content": []})
-                            yield event("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-                                        part={"type": "output_text", "text": "", "annotations": []})
-                        sent.append(text)
-                        yield event("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
-                                    delta=text, logprobs=[])
+                    if out := items.delta(reply.feed(ev.text)):
+                        yield out
                 elif isinstance(ev, Closed):
                     yield f"event: error\ndata: {json.dumps(error_body(ev.message, 'server_error'))}\n\n".encode()
                 else:
-                    rest, made = calls.finish()
-                    if rest and not opened:
-                        opened = True
-                        yield event("response.output_item.added", output_index=0, item={
-                            "type": "message", "id": mid, "status": "in_progress", "role": "assistant",
-                            "content": []})
-                    if rest:
-                        sent.append(rest)
-                        yield event("response.output_text.delta", item_id=mid, output_index=0, content_index=0,
-                                    delta=rest, logprobs=[])
-                    text = "".join(sent)
-                    if opened:
-                        yield event("response.output_text.done", item_id=mid, output_index=0, content_index=0,
-                                    text=text, logprobs=[])
-                        yield event("response.output_item.done", output_index=0,
-                                    item=output_of(text, [])[0] if text else {})
-                    for i, c in enumerate(made, start=1 if opened else 0):
-                        item = output_of("", [c])[0]
-                        yield event("response.output_item.added", output_index=i, item={**item, "arguments": "",
-                                                                                        "status": "in_progress"})
-                        yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
-                                    delta=c.arguments)
-                        yield event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                                    arguments=c.arguments)
-                        yield event("response.output_item.done", output_index=i, item=item)
-                    remember(text, made)
-                    yield event("response.completed", response=response("completed", output_of(text, made), ev))
+                    yield items.delta(reply.finish()) + items.close()
+                    whole = reply.result()
+                    remember(whole)
+                    yield event("response.completed", response=response("completed", output_of(whole), ev))
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-

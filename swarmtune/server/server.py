@@ -31,7 +31,7 @@ from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KV_TYPES
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 from swarmtune.server.anthropic_api import add_anthropic_routes
-from swarmtune.server.bridge import Bridge
+from swarmtune.server.bridge import Bridge, ChatConfig
 from swarmtune.server.guard import Guard, GuardPolicy
 from swarmtune.server.metrics import make_registry
 from swarmtune.server.openai_api import add_openai_routes
@@ -137,7 +137,7 @@ def _invalid(field: str, msg: str) -> JSONResponse:
 
 def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgents | None = None,
              allow_hosts: tuple[str, ...] = (), allow_origins: tuple[str, ...] = (),
-             trim_front: bool = False) -> FastAPI:
+             chat: ChatConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not runner.running and not runner.ready.is_set():
@@ -257,7 +257,7 @@ def make_app(runner: EngineRunner, token: str | None = None, served: ServedAgent
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     if served is not None:
-        bridge = Bridge(runner, served, trim_front)
+        bridge = Bridge(runner, served, chat or ChatConfig())
         add_openai_routes(app, bridge)
         add_anthropic_routes(app, bridge)
         add_responses_routes(app, bridge)
