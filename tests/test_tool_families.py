@@ -13,7 +13,6 @@ from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.conversation.tool_calls import call_grammar
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.settings import EngineSettings
@@ -52,7 +51,8 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path, 
         served = ServedAgents(backend)
         e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=1024, check=True, reference=False),
                    agents=served)
-        grammar = call_grammar([TOOL], fam, parallel=False)
+        grammar = renderer.picked.fmt.call_grammar([TOOL], parallel=False)
+        assert grammar is not None
         assert backend.check_grammar(grammar) is None
         done: list[Finished] = []
         out: list[str] = []

@@ -9,7 +9,7 @@ from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall
-from swarmtune.engine.conversation.tool_calls import call_grammar, render_call
+from swarmtune.engine.conversation.tool_calls import render_call
 
 READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}, "required": ["path"]}}}
@@ -92,7 +92,8 @@ def test_the_grammars_parse_in_llama_cpp(llama_backend):
 
     for fam in ("qwen3-hermes", "llama", "mistral"):
         for parallel in (True, False):
-            assert llama_backend.check_grammar(call_grammar([READ], fam, parallel)) is None
+            grammar = pick(TEMPLATES[fam]).fmt.call_grammar([READ], parallel)
+            assert grammar is not None and llama_backend.check_grammar(grammar) is None
     assert llama_backend.check_grammar(json_grammar(None)) is None
     assert llama_backend.check_grammar(json_grammar(READ["function"]["parameters"])) is None
     assert llama_backend.check_grammar("root ::= nope") is not None

@@ -252,7 +252,7 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type, tc.name or "") if tc else "auto"
         if tc is not None and tc.type == "tool" and not tc.name:
             raise BadRequest("tool_choice of type tool needs a name", "tool_choice")
-        return plan_tools(_tools(body.tools), choice, bridge.family,
+        return plan_tools(_tools(body.tools), choice, bridge.fmt,
                           parallel=not (tc and tc.disable_parallel_tool_use))
 
     @app.post("/v1/messages/count_tokens", summary="Anthropic: the prompt's tokens, as this model counts them")
@@ -280,7 +280,7 @@ def add_anthropic_routes(app: FastAPI, bridge: Bridge) -> None:
             reader = bridge.reader(p, prompt)
             key = request.headers.get(AGENT_HEADER) or (body.metadata.user_id if body.metadata else None)
             req = bridge.request(prompt, body.max_tokens, Sampling(body.temperature, body.top_p, body.top_k),
-                                 stops, key, "messages", p.grammar, reader=reader, triggers=p.triggers)
+                                 stops, key, "messages", *bridge.held(p, reader), reader=reader)
             q = bridge.submit(req)
         except BadRequest as e:
             return error(e.status, "invalid_request_error" if e.status < 500 else "api_error", str(e))

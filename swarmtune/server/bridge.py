@@ -7,6 +7,7 @@ another's."""
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ from fastapi import Request
 from swarmtune.engine.agents.prompt import PromptRenderer
 from swarmtune.engine.agents.served import Closed, Delta, Finished, ServedAgents, ServedRequest
 from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.conversation.formats.base import Format
+from swarmtune.engine.conversation.formats.grammar import literal
 from swarmtune.engine.conversation.formats.hermes import Hermes
 from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.conversation.tool_calls import TRIGGERS, call_grammar, json_grammar, lazy_call_grammar
+from swarmtune.engine.conversation.tool_calls import json_grammar
 from swarmtune.engine.errors import UserError
 from swarmtune.server.openai_schema import BadRequest
 from swarmtune.server.outbox import Outbox
@@ -62,12 +65,14 @@ class ToolPlan:
     parallel: bool = True
     triggers: tuple[str, ...] = ()  # the grammar holds from where one matches (lazy, under auto); (): throughout
     hermes: bool = False  # the grammar writes the call in Hermes' shape, the family's own having no grammar here
+    forced: bool = False  # a call from the reply's first token (required, a named function)
 
 
-def plan_tools(tools: list[dict[str, Any]], choice: str, fam: str, parallel: bool = True,
+def plan_tools(tools: list[dict[str, Any]], choice: str, fmt: Format, parallel: bool = True,
                json_schema: dict[str, Any] | None = None, json_output: bool = False) -> ToolPlan:
     """choice: auto | none | required | the name of the one function to call. json_output: the reply is a
-    JSON object (json_schema: one that validates)."""
+    JSON object (json_schema: one that validates). A call is held to the family's own format; a family whose
+    call grammar swarmtune does not write is held to Hermes' shape under required, and read in it."""
     try:
         grammar = json_grammar(json_schema) if json_output else None
         if not tools or choice == "none":
@@ -75,19 +80,17 @@ def plan_tools(tools: list[dict[str, Any]], choice: str, fam: str, parallel: boo
                 raise BadRequest("tool_choice asks for a call, but the request has no tools", "tool_choice")
             return ToolPlan(None, grammar, None, False)
         names = {t["function"]["name"] for t in tools}
-        # a family whose call grammar swarmtune does not write is held to Hermes' shape, and read in it
-        shape = fam if fam in TRIGGERS else "qwen3-hermes"
-        if choice == "required":
-            return ToolPlan(tools, call_grammar(tools, shape, parallel), names, True, parallel,
-                            hermes=shape != fam)
         if choice != "auto":
-            if choice not in names:
+            if choice != "required" and choice not in names:
                 raise BadRequest(f"tool_choice names {choice!r}, which is not among the tools", "tool_choice")
-            chosen = [t for t in tools if t["function"]["name"] == choice]
-            return ToolPlan(tools, call_grammar(chosen, shape, parallel=False), {choice}, True, False,
-                            hermes=shape != fam)
-        if grammar is None and (lazy := lazy_call_grammar(tools, fam, parallel)) is not None:
-            return ToolPlan(tools, lazy[0], names, True, parallel, lazy[1])
+            chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
+            many = parallel and choice == "required"
+            own = fmt.call_grammar(chosen, many)
+            held = own if own is not None else Hermes().call_grammar(chosen, many)
+            return ToolPlan(tools, held, set(names) if choice == "required" else {choice}, True, many,
+                            hermes=own is None, forced=True)
+        if grammar is None and (triggers := fmt.triggers()) and (own := fmt.call_grammar(tools, parallel)):
+            return ToolPlan(tools, own, names, True, parallel, triggers)
         return ToolPlan(tools, grammar, names, True, parallel)
     except UserError as e:  # a schema the grammar cannot express
         raise BadRequest(str(e), e.field) from None
@@ -192,8 +195,8 @@ class Bridge:
         self._outbox: Outbox | None = None  # the server loop's, made by the first request
 
     @property
-    def family(self) -> str:
-        return self.renderer.family
+    def fmt(self) -> Format:
+        return self.renderer.picked.fmt
 
     def reader(self, plan: "ToolPlan", prompt: "RenderedPrompt") -> ReplyReader:
         """How this request's reply is read: the model's format, the request's tools, where its prompt left
@@ -204,6 +207,17 @@ class Bridge:
         if plan.hermes:
             return ReplyReader(Hermes(), ctx, f"{picked.label}, held to qwen3-hermes by the grammar")
         return ReplyReader(picked.fmt, ctx, picked.label)
+
+    @staticmethod
+    def held(plan: "ToolPlan", reader: ReplyReader) -> tuple[str | None, tuple[str, ...]]:
+        """What sampling keeps to, and from where: a forced call from the first token, unless the prompt left
+        the reply inside a thinking block; then from the block's end, as llama-server holds it when the
+        template forced the block open (the reasoning stays free, the call after it is held)."""
+        close = reader.fmt.think_close
+        if not plan.forced or plan.grammar is None or not close or not reader.fmt.starts_in_reasoning(reader.ctx):
+            return plan.grammar, plan.triggers
+        calls = re.sub(r"^root ::=", "calls ::=", plan.grammar, count=1, flags=re.M)
+        return f"{calls}\nroot ::= {literal(close)} [ \\t\\n]* calls\n", (re.escape(close),)
 
     async def prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                      param: str = "messages", limit: int | None = None,
@@ -248,9 +262,9 @@ class Bridge:
         return await asyncio.to_thread(self.backend.tokenize, text)
 
     def request(self, prompt: list[int], limit: int | None, sampling: Sampling, stop: tuple[str, ...],
-                key: str | None, endpoint: str, grammar: str | None = None, prompt_param: str = "messages",
-                limit_param: str = "max_tokens", reader: ReplyReader | None = None,
-                triggers: tuple[str, ...] = ()) -> ServedRequest:
+                key: str | None, endpoint: str, grammar: str | None = None, triggers: tuple[str, ...] = (),
+                prompt_param: str = "messages", limit_param: str = "max_tokens",
+                reader: ReplyReader | None = None) -> ServedRequest:
         """The request, checked: a prompt that fits an agent's context, a limit that fits after it."""
         ctx = self.runner.engine.s.ctx_per_agent
         if not prompt:

@@ -113,15 +113,15 @@ def add_openai_routes(app: FastAPI, bridge: Bridge) -> None:
             if fmt is not None and fmt.type == "json_schema" and (fmt.json_schema is None or
                                                                     fmt.json_schema.schema_ is None):
                 raise BadRequest("response_format json_schema needs json_schema.schema", "response_format")
-            plan = plan_tools([t.model_dump(exclude_none=True) for t in body.tools or []], choice, bridge.family,
+            plan = plan_tools([t.model_dump(exclude_none=True) for t in body.tools or []], choice, bridge.fmt,
                               body.parallel_tool_calls, fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
                               json_output=fmt is not None and fmt.type != "text")
             variables = template_variables(body.chat_template_kwargs, body.reasoning_effort)
             prompt = await bridge.prompt([normalised(m) for m in body.messages], plan.offered, limit=body.limit(),
                                          variables=variables)
             reader = bridge.reader(plan, prompt)
-            req = bridge.request(prompt, body.limit(), sampling_of(body), body.stops(), key, "chat", plan.grammar,
-                                 reader=reader, triggers=plan.triggers)
+            req = bridge.request(prompt, body.limit(), sampling_of(body), body.stops(), key, "chat",
+                                 *bridge.held(plan, reader), reader=reader)
             q = bridge.submit(req)
         except BadRequest as e:
             return error_response(e)

@@ -176,15 +176,15 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
             choice = tc.name if isinstance(tc, NamedFunctionChoice) else (tc or "auto")
             tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                      for t in body.tools or []]
-            p = plan_tools(tools, choice, bridge.family, body.parallel_tool_calls)
+            p = plan_tools(tools, choice, bridge.fmt, body.parallel_tool_calls)
             variables = template_variables(None, body.reasoning.effort if body.reasoning else None)
             prompt = await bridge.prompt(messages, p.offered, "input", limit=body.max_output_tokens,
                                          variables=variables)
             reader = bridge.reader(p, prompt)
             key = request.headers.get(AGENT_HEADER) or body.user or None
             req = bridge.request(prompt, body.max_output_tokens, Sampling(body.temperature, body.top_p), (), key,
-                                 "responses", p.grammar, "input", "max_output_tokens", reader=reader,
-                                 triggers=p.triggers)
+                                 "responses", *bridge.held(p, reader), "input", "max_output_tokens",
+                                 reader=reader)
             q = bridge.submit(req)
         except BadRequest as e:
             return error_response(e)

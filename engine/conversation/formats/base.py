@@ -30,6 +30,17 @@ class Format(ABC):
     @abstractmethod
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply: ...
 
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str | None:
+        """GBNF whose root is a call of one of these tools (one or more, where parallel) in this family's own
+        format, from call_start on, its arguments validating against the tool's schema; None where swarmtune
+        writes no grammar for the family (formats/grammar.py has the pieces)."""
+        return None
+
+    def triggers(self) -> tuple[str, ...]:
+        """Regexes searched in the reply so far: a lazy grammar holds from the first match (its first group's
+        start, or the match's), as llama-server holds a call under tool_choice auto."""
+        return (re.escape(self.call_start),) if self.call_start else ()
+
     def starts_in_reasoning(self, ctx: ReplyContext) -> bool:
         """The template opened the thinking block in the prompt (`<think>\\n` at its end)."""
         return bool(self.think_open) and ctx.prompt_tail.rstrip().endswith(self.think_open)

@@ -4,8 +4,10 @@ does not end the block. Also what swarmtune offers a template that has no tools 
 (engine/conversation/chat_template.py), and the format a family swarmtune does not know is read in."""
 
 import json
+from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, json_call
+from swarmtune.engine.conversation.formats.grammar import json_call_object, literal, repeated
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -20,6 +22,11 @@ class Hermes(Format):
     @classmethod
     def for_template(cls, source: str) -> "Hermes | None":
         return cls() if OPEN in source else None
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        rules, call = json_call_object(tools, "arguments")
+        one = f'{literal(OPEN + chr(10))} {call} {literal(chr(10) + CLOSE)}'
+        return rules + "\n" + repeated(one, parallel) + "\n"
 
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
         reasoning, rest = self.split_reasoning(text, ctx)

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
+from swarmtune.engine.conversation.formats.grammar import json_call_object, repeated
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
 PYTHON_TAG = "<|python_tag|>"
@@ -138,6 +139,11 @@ class Llama3(Format):
     call_start = '{"name"'  # how Meta's templates write a call; after <|python_tag|> too
     think_open = ""
     think_close = ""
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """Meta's JSON call, `{"name": ..., "parameters": {...}}`, `;`-separated where parallel."""
+        rules, call = json_call_object(tools, "parameters")
+        return f"{rules}\n" + repeated(call, parallel, '";" " "?') + "\n"
 
     @classmethod
     def for_template(cls, source: str) -> "Llama3 | None":

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
+from swarmtune.engine.conversation.formats.grammar import json_call_object, literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.llama3 import BAD, CUT, load_json, scan_json, skip_ws
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall
 
@@ -41,15 +42,31 @@ class Mistral(Format):
     think_open = THINK
     think_close = THINK_END
 
-    def __init__(self, text_think: bool = False) -> None:
+    def __init__(self, text_think: bool = False, args_form: bool = True) -> None:
         # a reasoning model's template: its reasoning may be written in plain <think> tags too (Magistral 2506)
         self.text_think = text_think
+        self.args_form = args_form  # v11+: NAME[ARGS]{...} a call; v3: one JSON array of calls
 
     @classmethod
     def for_template(cls, source: str) -> "Mistral | None":
         if TOOL_CALLS not in source:
             return None
-        return cls(text_think=THINK in source or TEXT_THINK in source)
+        return cls(text_think=THINK in source or TEXT_THINK in source, args_form=ARGS in source)
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """v11+: `[TOOL_CALLS]NAME[ARGS]{...}`, the marker again before each further call; v3: one
+        `[TOOL_CALLS][{"name", "arguments"}, ...]` array."""
+        if not self.args_form:
+            rules, call = json_call_object(tools, "arguments")
+            root = f"root ::= {literal(TOOL_CALLS + '[')} {call} " + (f'("," " "? {call})* ' if parallel else "")
+            return f'{rules}\n{root}"]"\n'
+        parts, alternatives = [], []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            body, root = schema_rules(params, f"args{i}")
+            parts.append(body)
+            alternatives.append(f"{literal(TOOL_CALLS + name + ARGS)} {root}")
+        root = "root ::= call" + (" call*" if parallel else "")
+        return "\n".join(parts) + "\ncall ::= " + " | ".join(alternatives) + f"\n{root}\n"
 
     def split_reasoning(self, text: str, ctx: ReplyContext) -> tuple[str, str]:
         if not ctx.reasoning:
