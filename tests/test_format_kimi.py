@@ -211,6 +211,14 @@ def test_k2_a_closer_inside_the_arguments_is_their_text() -> None:
     assert calls(r) == [("write", {"content": value})]
 
 
+def test_k2_a_call_outside_a_section_that_does_not_parse_stays_content() -> None:
+    bad = "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{bad}<|tool_call_end|>"
+    text = "A " + bad + " B " + k2("f", 1, '{"a": 2}') + " C"
+    r = fmt_for("Kimi-K2-Instruct.jinja").parse(text, ctx(K2_PROMPT))
+    assert (r.content, calls(r)) == ("A " + bad + " B  C", [("f", {"a": 2})])
+    assert r.broken
+
+
 def test_k2_the_name_comes_from_the_id() -> None:
     text = section("<|tool_call_begin|>get_weather:3<|tool_call_argument_begin|>{}<|tool_call_end|>",
                    k2("ns.tool", 4, "{}"))
@@ -268,6 +276,8 @@ STREAMED = [
                                                                             '{"arg1": 1}'))[:90]),
     ("Kimi-K2-Instruct.jinja", ctx(K2_PROMPT, SPECIAL),
      section(k2("special_function", 0, "{bad}"), k2("special_function", 1, '{"arg1": 2}'))),
+    ("Kimi-K2-Instruct.jinja", ctx(K2_PROMPT, SPECIAL),
+     "A " + k2("special_function", 0, "{bad}") + " B " + k2("special_function", 1, '{"arg1": 2}') + " C"),
     ("Kimi-K3.jinja", ctx("", SPECIAL, SPECIAL_OPT),
      "Plan.<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|><|open|>tools<|sep|>"
      + k3_call("special_function", 1, ("arg1", "number", "1"))
