@@ -161,3 +161,38 @@ def test_a_mistral_template_gets_nine_character_call_ids_for_the_call_and_its_re
                     {"role": "tool", "content": "ok", "tool_call_id": long_id}], [READ])
     call_id = out.split("[CALL ")[1].split("]")[0]
     assert len(call_id) == 9 and call_id.isalnum() and f"[RESULT {call_id}]" in out
+
+
+def test_what_llama_cpps_jinja_accepts_renders_here_too():
+    """{% break %}, Hugging Face's {% generation %}, a list a template appends to, a missing field added to
+    text, tojson after |safe: each rendered as llama.cpp's Jinja renders it (bench/templates_vs_llama_server.py
+    compares whole templates)."""
+    source = ("{% set seen = [] %}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+              "{{ seen.append(m.role) or '' }}"
+              "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}|{{ seen | join(',') }}|"
+              "{{ '(' + messages[0].nothing + ')' }}|{{ 'x'|safe + {'a': '<b>'} | tojson }}")
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert ChatTemplate(source).render(msgs) == 'ab|user,assistant|()|x{"a": "<b>"}'
+
+
+def test_every_vendored_template_renders_a_tool_conversation_or_refuses_in_one_line():
+    """Every template of the pinned llama.cpp's models/templates/, with tools, a call and its result: a
+    prompt, or the template's own refusal (Mistral's and Gemma 2's conversation rules), said in one line."""
+    from llama_templates import templates_dir
+
+    from swarmtune.engine.conversation.chat_template import TemplateError
+
+    msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Open a.py."},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "call12345", "function": {
+                "name": "read_file", "arguments": {"path": "a.py"}}}]},
+            {"role": "tool", "tool_call_id": "call12345", "content": "print('hi')"},
+            {"role": "user", "content": "Run it."}]
+    refused = {}
+    for path in sorted(templates_dir().glob("*.jinja")):
+        try:
+            out = ChatTemplate(path.read_text(), bos_token="<s>", eos_token="</s>").render(msgs, [READ])
+            assert "Open a.py." in out, path.name
+        except TemplateError as e:
+            assert "\n" not in str(e)
+            refused[path.name] = str(e)
+    assert len(refused) <= 7, refused  # measured: 7 of 71 (the same refused or differ in llama-server)

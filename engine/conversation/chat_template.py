@@ -1,6 +1,9 @@
 """A model's own chat template (the GGUF's `tokenizer.chat_template`, Jinja) rendered as llama.cpp's
 `--jinja` and Hugging Face's tokenizers render it: a sandboxed Jinja environment, blocks trimmed, the
 helpers templates call (`raise_exception`, `strftime_now`), `tools` passed in where a request has them.
+What llama.cpp's own Jinja accepts, this does too: `{% break %}`, Hugging Face's `{% generation %}`, a list
+a template builds with `append`, a missing field read as nothing; and its context: `date_string` and
+`datetime` of today, `enable_thinking` true unless a request says otherwise (llama-server's default).
 
 A template that does not mention tools still gets them: they go into the system message in the
 Hermes format (`<tools>` with their JSON schemas, calls as `<tool_call>` JSON), which is what Qwen's
@@ -12,7 +15,10 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
+from jinja2.sandbox import SandboxedEnvironment
 
 from swarmtune.engine.errors import UserError
 
@@ -25,10 +31,48 @@ def _raise(message: str) -> None:
     raise TemplateError(f"the model's chat template refused this conversation: {message}")
 
 
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+class Generation(Extension):
+    """`{% generation %}…{% endgeneration %}`: Hugging Face marks the assistant's tokens with it (for training
+    masks); rendering keeps what it encloses, as llama.cpp's Jinja does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+    """JSON text; a generator or a mapping view is a list, as in llama.cpp's Jinja."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)) or (hasattr(v, "__iter__") and not isinstance(v, (str, bytes))):
+            return [plain(x) for x in v]
+        return v
+
+    return json.dumps(plain(value), indent=indent, ensure_ascii=ensure_ascii)
+
+
+class _Missing(jinja2.ChainableUndefined):
+    """A missing field, as llama.cpp's Jinja reads one: nothing, also when text is added to it."""
+
+    def __add__(self, other: Any) -> Any:
+        return other
+
+    def __radd__(self, other: Any) -> Any:
+        return other
+
+
+# mutable lists (templates `append` to them, as llama.cpp's Jinja lets them); still no access to Python's
+# internals. A missing field is nothing, and so is a field of it, as in llama.cpp's Jinja.
+_ENV = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Missing,
+                            extensions=["jinja2.ext.loopcontrols", Generation])
 _ENV.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-_ENV.filters["tojson"] = lambda v, indent=None, ensure_ascii=False, **kw: json.dumps(v, indent=indent,
-                                                                                    ensure_ascii=ensure_ascii)
+_ENV.filters["tojson"] = _tojson
+# nothing is HTML here: `|safe` is plain text (Jinja's Markup would escape what is added to it, `"…"|safe + x`)
+_ENV.filters["safe"] = str
 
 
 def tool_preamble(tools: list[dict[str, Any]]) -> str:
@@ -62,7 +106,10 @@ class ChatTemplate:
         msgs = messages
         if tools and not self.knows_tools:
             msgs = with_tools_in_system(messages, tools)
-        extra = {k: v for k, v in (variables or {}).items() if k not in RESERVED}
+        now = datetime.now()
+        extra = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+                 "enable_thinking": True}
+        extra.update({k: v for k, v in (variables or {}).items() if k not in RESERVED})
         try:
             return self.template.render(**extra, messages=msgs, tools=tools if self.knows_tools else None,
                                         add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
