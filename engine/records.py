@@ -112,6 +112,10 @@ class RequestLatency:
     itl_max_s: float | None
     e2e_s: float
     completion_tokens: int
+    # a chat's reply as its family's format read it: the family, whether it reasoned, a call that did not parse
+    family: str = ""
+    reasoned: bool = False
+    call_miss: str = ""
 
 
 @dataclass

@@ -58,6 +58,9 @@ def test_openai_chat_reasoning_whole_and_streamed(server):
     parts = [ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in
              c.chat.completions.create(**kw, stream=True) if ch.choices]
     assert "".join(parts) == reasoning  # greedy: the same reply, streamed as it was read whole
+    raw = c.chat.completions.with_raw_response.create(**kw).parse()
+    record = httpx.get(f"{server.url}/v1/requests/{raw.id.removeprefix('chatcmpl-')}", timeout=30).json()
+    assert record["family"] == "qwen3-xml" and record["reasoning_chars"] == len(reasoning)
 
 
 def test_openai_tool_call_round_trip_with_thinking_off(server):
@@ -116,3 +119,19 @@ def test_litellm_sees_reasoning_content(server):
     r = litellm.completion(model="openai/m", api_base=server.url + "/v1", api_key="x", messages=ASK,
                            max_tokens=8, temperature=0.0)
     assert r.choices[0].message.reasoning_content
+
+
+def test_a_call_that_did_not_parse_is_recorded_with_its_text():
+    """A call the model began and broke: its record says why and keeps the text; the agents panel's miss too."""
+    from swarmtune.engine.agents.served import ServedRequest, request_record
+    from swarmtune.engine.conversation.formats.hermes import Hermes
+    from swarmtune.engine.conversation.formats.reader import ReplyReader
+    from swarmtune.engine.conversation.formats.reply import ReplyContext
+    from swarmtune.engine.conversation.sampling import SamplingParams
+
+    reader = ReplyReader(Hermes(), ReplyContext(tools=(READ,)), "qwen3-hermes")
+    req = ServedRequest(prompt=[1, 2], max_tokens=8, params=SamplingParams(), reader=reader)
+    req.text.feed(b'Sure.\n<tool_call>\n{"name": "read_file", "arguments": {"path": ')
+    rec = request_record(req, 1.0, req.arrival + 1)
+    assert rec.family == "qwen3-hermes" and "ended inside a call" in rec.call_miss
+    assert rec.call_miss_text.endswith('{"path": ')

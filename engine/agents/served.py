@@ -488,7 +488,8 @@ class ServedAgents:
                 self._records.append(rec)
             self.on_finish(req, rec)
             step.ended.append(RequestLatency(rec.id, rec.agent, rec.queue_s, rec.prefill_time_s, rec.ttft_s, rec.itl_s,
-                                             rec.itl_max_s, rec.e2e_s, rec.completion_tokens))
+                                             rec.itl_max_s, rec.e2e_s, rec.completion_tokens, rec.family,
+                                             rec.reasoning_chars > 0, rec.call_miss))
 
 
 def _ema(old: float | None, new: float, weight: float = 0.2) -> float:

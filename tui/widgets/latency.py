@@ -1,6 +1,7 @@
-"""The swarm's latency in three lines, hidden until a token has a gap: the decoding agents' inter-token gaps,
+"""The swarm's latency in a few lines, hidden until a token has a gap: the decoding agents' inter-token gaps,
 the ended served requests' queue wait, prefill time and time to first token (each p50 / p95 / p99 over a
-recent window, queue and inference apart), and a stall bound holding a prefill back (tui/latency.py)."""
+recent window, queue and inference apart), how their replies were read (the family, how many reasoned, calls
+that did not parse), and a stall bound holding a prefill back (tui/latency.py)."""
 
 from rich.text import Text
 from textual.widgets import Static
@@ -33,6 +34,13 @@ def latency_text(stats: Stats) -> Text | None:
         t.append(f" │ prefill {triple(lat.request_percentiles('prefill_time_s'))}")
         t.append(f" │ TTFT {triple(lat.request_percentiles('ttft_s'))}")
         t.append(f"  (last {len(lat.requests):,} requests)", style="dim")
+    if chats := [q for q in lat.requests if q.family]:
+        families = sorted({q.family for q in chats})
+        unparsed = sum(1 for q in chats if q.call_miss)
+        t.append(f"\n  replies read as {', '.join(families)}: {sum(q.reasoned for q in chats)} of {len(chats)} "
+                 "reasoned")
+        t.append(f", {unparsed} with a call that did not parse" if unparsed else "",
+                 style="yellow" if unparsed else "")
     if stall := lat.stall:
         t.append(f"\n  {stall} a step: the stall bound holds a prefill back", style="yellow")
     return t

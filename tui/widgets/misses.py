@@ -1,5 +1,6 @@
-"""The latest served turns that prefilled what their conversation had held, and why (engine/conversation/cache_miss.py):
-hidden until the first one, so a synthetic swarm's screen is as it was."""
+"""The latest served turns that prefilled what their conversation had held, and why (engine/conversation/cache_miss.py),
+or whose call did not parse, and why (engine/conversation/formats/): hidden until the first one, so a
+synthetic swarm's screen is as it was."""
 
 from rich.text import Text
 from textual.widgets import Static
@@ -12,7 +13,7 @@ class MissesPanel(Static):
         if not stats.misses:
             self.display = False
             return
-        t = Text("cache misses (newest last)", style="bold")
+        t = Text("turns that missed their cache or a call (newest last)", style="bold")
         for _, aid, label, miss in stats.misses:
             t.append(f"\nagent {aid}" + (f" {label[:20]}" if label else "") + ": ", style="dim")
             t.append(miss)
