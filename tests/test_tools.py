@@ -196,3 +196,29 @@ def test_every_vendored_template_renders_a_tool_conversation_or_refuses_in_one_l
             assert "\n" not in str(e)
             refused[path.name] = str(e)
     assert len(refused) <= 7, refused  # measured: 7 of 71 (the same refused or differ in llama-server)
+
+
+def test_a_template_that_opened_thinking_holds_the_call_only_past_its_end(tmp_path):
+    """Qwen3's template opens `<think>` in the prompt: a call drafted while thinking stays free (auto), and a
+    forced call (required) is held from `</think>` on, so the reasoning before it is the model's own."""
+    from grammar_check import GrammarCheck
+    from llama_templates import template
+
+    from swarmtune.server.bridge import Bridge, plan_tools
+
+    picked = pick(template("Qwen-Qwen3-0.6B.jinja"))
+    ctx = ReplyContext(prompt_tail="<|im_start|>assistant\n<think>\n", tools=(READ,))
+    reader = ReplyReader(picked.fmt, ctx, picked.label)
+    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    drafted = 'Maybe <tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call> no.\n</think>\n\n'
+    check = GrammarCheck(tmp_path)
+    try:
+        auto = Bridge.held(plan_tools([READ], "auto", picked.fmt), reader)
+        assert auto[1] and check.accepts(auto[0], drafted + call, auto[1])
+        assert not check.accepts(auto[0], drafted + call.replace("read_file", "rm"), auto[1])
+        forced = Bridge.held(plan_tools([READ], "required", picked.fmt), reader)
+        assert check.accepts(forced[0], drafted + call, forced[1])
+        assert not check.accepts(forced[0], drafted + "No call after all.", forced[1])
+        assert reader.whole(drafted + call).calls[0].name == "read_file"
+    finally:
+        check.close()

@@ -210,11 +210,16 @@ class Bridge:
 
     @staticmethod
     def held(plan: "ToolPlan", reader: ReplyReader) -> tuple[str | None, tuple[str, ...]]:
-        """What sampling keeps to, and from where: a forced call from the first token, unless the prompt left
-        the reply inside a thinking block; then from the block's end, as llama-server holds it when the
-        template forced the block open (the reasoning stays free, the call after it is held)."""
+        """What sampling keeps to, and from where, where the prompt left the reply inside a thinking block
+        (as llama-server does when the template forced the block open): a forced call is held from the
+        block's end, and a lazy one triggers only past it, so a call drafted while thinking stays free."""
         close = reader.fmt.think_close
-        if not plan.forced or plan.grammar is None or not close or not reader.fmt.starts_in_reasoning(reader.ctx):
+        if plan.grammar is None or not plan.parse or not close or not reader.fmt.starts_in_reasoning(reader.ctx):
+            return plan.grammar, plan.triggers
+        if plan.triggers:
+            past = f"^[\\s\\S]*?{re.escape(close)}[\\s\\S]*?"
+            return plan.grammar, tuple(past + (t if "(" in t else f"({t})") for t in plan.triggers)
+        if not plan.forced:
             return plan.grammar, plan.triggers
         calls = re.sub(r"^root ::=", "calls ::=", plan.grammar, count=1, flags=re.M)
         return f"{calls}\nroot ::= {literal(close)} [ \\t\\n]* calls\n", (re.escape(close),)

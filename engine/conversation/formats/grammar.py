@@ -31,6 +31,9 @@ def schema_rules(schema: dict[str, Any] | None, prefix: str) -> tuple[str, str]:
         gbnf = str(json_schema_to_gbnf(json.dumps(schema if schema else {})))
     except Exception as e:  # the converter raises plain exceptions for schemas it cannot express
         raise UserError(f"a tool's parameters schema cannot be enforced: {e}", field="tools") from None
+    # a JSON string holds no raw control character (json.loads refuses one; llama.cpp's converter says so
+    # too, its Python port lets them through)
+    gbnf = gbnf.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
     names = set(_RULE.findall(gbnf))
 
     def rename(m: re.Match[str]) -> str:
