@@ -7,14 +7,31 @@ which parse the prefilled assistant message together with the reply, and the pro
 rest are this format's own rules: object-notation values, where a reply may end, what a stream holds back."""
 
 import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
 
+import jsonschema
 import pytest
 
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.gemma4 import Gemma4
+from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.errors import UserError
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.server.bridge import Bridge, plan_tools
+from tests.grammar_check import GrammarCheck
 from tests.llama_templates import template
+from tests.tiny_gguf import llama_dense
 
 FMT = Gemma4()
 THINKING_OFF = ReplyContext(prompt_tail="<|turn>model\n<|channel>thought\n<channel|>")
@@ -144,3 +161,244 @@ def test_streamed_one_character_at_a_time_equals_whole(text: str) -> None:
     stream.finish()
     got = stream.result()
     assert (got.content, got.reasoning, calls(got)) == (whole.content, whole.reasoning, calls(whole))
+
+
+# The call grammar (Gemma4.call_grammar): the call in Gemma's notation, written from the tools' schemas
+
+def fn(name: str, props: dict[str, object], required: tuple[str, ...] = ()) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": list(required)}}}
+
+
+STRING = {"type": "string"}
+G_TOOLS = [fn("get_time", {"city": STRING}, ("city",)), fn("get_weather", {"city": STRING}, ("city",)),
+           fn("empty_args", {}), fn("special_function", {"arg1": {"type": "integer"}}, ("arg1",)),
+           fn("amount", {"orig": {"type": "number"}}, ("orig",)), fn("toggle", {"enabled": {"type": "boolean"}},
+                                                                       ("enabled",)),
+           fn("set_nullable", {"value": {"type": ["string", "null"]}}, ("value",)),
+           fn("todo_list", {"todos": {"type": "array", "items": STRING}}, ("todos",)),
+           fn("set_config", {"config": {"type": "object", "properties": {"theme": STRING,
+                                                                         "count": {"type": "integer"}}}}, ("config",)),
+           fn("write", {"path": STRING, "content": STRING, "mode": {"enum": ["w", "a"]},
+                        "Force": {"type": "boolean"}}, ("path", "content"))]
+G_CTX = ReplyContext(prompt_tail="<|turn>model\n", tools=tuple(G_TOOLS))
+TEMPLATES = ["google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"]
+CODE = 'if a < b and c > {"k": [1, 2]}:\n    print("<|tool_call>call:f{}<tool_call|>", \'<|"\', "|>")\n'
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrammarCheck]:
+    c = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield c
+    c.close()
+
+
+def rendered(name: str, *calls_: tuple[str, object]) -> str:
+    """A past assistant turn of these calls as the template renders it, the calls only."""
+    tool_calls = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                  for i, (n, a) in enumerate(calls_)]
+    text = ChatTemplate(template(name)).render([{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "", "tool_calls": tool_calls}],
+                                               G_TOOLS, add_generation_prompt=False)
+    start = text.index("<|tool_call>", text.index("<|turn>model"))
+    return text[start:text.rindex("<tool_call|>") + len("<tool_call|>")]
+
+
+# what the model writes from the reply's start: llama.cpp's cases (text before a call is for the lazy grammar)
+FORCED = [(text, expected) for text, _, _, expected in LLAMA_CPP if expected and text.startswith("<|")]
+WRITE = ("write", {"Force": True, "content": CODE, "mode": "a", "path": "a.py"})
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_grammar_holds_the_calls_the_template_writes(check: GrammarCheck, name: str) -> None:
+    one = rendered(name, WRITE)
+    many = rendered(name, ("get_time", {"city": "Tokyo"}), WRITE,
+                    ("set_config", {"config": {"theme": "x", "count": 2}}), ("todo_list", {"todos": ["a<b", "c, d"]}),
+                    ("empty_args", {}))
+    assert '<|"|>,Force:true,mode:' in one  # the template sorts the keys, case aside
+    for parallel in (False, True):
+        assert check.accepts(FMT.call_grammar(G_TOOLS, parallel), one)
+    assert check.accepts(FMT.call_grammar(G_TOOLS, True), many)
+    assert not check.accepts(FMT.call_grammar(G_TOOLS, False), many)  # one call, where not parallel
+    assert calls(FMT.parse(one, G_CTX)) == [WRITE]
+    assert calls(FMT.parse(many, G_CTX)) == [("get_time", {"city": "Tokyo"}), WRITE,
+                                             ("set_config", {"config": {"count": 2, "theme": "x"}}),
+                                             ("todo_list", {"todos": ["a<b", "c, d"]}), ("empty_args", {})]
+
+
+@pytest.mark.parametrize(("text", "expected"), FORCED)
+def test_grammar_holds_llama_cpp_calls(check: GrammarCheck, text: str, expected: list[object]) -> None:
+    """From the first token: a thought channel may come first, as the model begins with thinking on; the
+    properties in the schema's order as well as the template's (llama.cpp's set_config case)."""
+    assert check.accepts(FMT.call_grammar(G_TOOLS, True), text)
+    assert check.accepts(FMT.call_grammar(G_TOOLS, False), text) == (len(expected) == 1)
+    r = FMT.parse(text, G_CTX)
+    assert calls(r) == expected and not r.broken and r.content == ""
+
+
+@pytest.mark.parametrize("text", [
+    call('delete_all{city:<|"|>x<|"|>}'),  # a tool not offered
+    call("special_function{}"),  # a required argument missing
+    call('special_function{arg1:<|"|>1<|"|>}'),  # the wrong type
+    call("special_function{arg1:1.5}"),
+    call("get_time{city:London}"),  # a string unquoted
+    call("get_time{city:3}"),
+    call('write{content:<|"|>x<|"|>,mode:<|"|>r<|"|>,path:<|"|>p<|"|>}'),  # not in the enum
+    call('write{content:<|"|>x<|"|>,path:<|"|>p<|"|>,other:1}'),  # a property the schema does not have
+    call('get_time{city:<|"|>a<|"|>b<|"|>}'),  # the quote ends the string
+    call('set_config{config:{theme:3}}'),
+    call('get_time{"city":<|"|>London<|"|>}'),  # JSON is not the notation
+    'Hi' + call('get_time{city:<|"|>London<|"|>}'),  # text before a forced call
+    "<|channel>thought\nDone<channel|>",  # the reply may not end before its call
+])
+def test_grammar_refuses_what_the_tools_do_not_allow(check: GrammarCheck, text: str) -> None:
+    assert not check.accepts(FMT.call_grammar(G_TOOLS, True), text)
+
+
+@pytest.mark.parametrize("value", [CODE, "", "<", "<|", '<|"', '<|"|', "a <|tool_call> <channel|> }, x:1", "\n\n"])
+def test_string_values_hold_anything_but_the_quote(check: GrammarCheck, value: str) -> None:
+    text = call(f'write{{content:<|"|>{value}<|"|>,path:<|"|>{value}<|"|>}}')
+    assert check.accepts(FMT.call_grammar(G_TOOLS, False), text)
+    assert calls(FMT.parse(text, G_CTX)) == [("write", {"content": value, "path": value})]
+
+
+def test_thought_text_holds_anything_but_its_closer(check: GrammarCheck) -> None:
+    grammar = FMT.call_grammar(G_TOOLS, False)
+    for thought in ("", "\nPlan <channel <channel| <|tool_call>call:x{} <|channel>", "<<channel"):
+        text = "<|channel>thought" + thought + "<channel|>" + call("empty_args{}")
+        assert check.accepts(grammar, text), thought
+        assert FMT.parse(text, G_CTX).reasoning == thought.strip()
+    assert not check.accepts(grammar, "<|channel>thought\na<channel|>b<channel|>" + call("empty_args{}"))
+
+
+def test_lazy_grammar_holds_from_the_calls_opener(check: GrammarCheck) -> None:
+    grammar, triggers = FMT.call_grammar(G_TOOLS, True), FMT.triggers()
+    prose = "<|channel>thought\nWrite {city:<|\"|>x<|\"|>} then.<channel|>Hello, world!\nWhat's up? "
+    one = call('get_time{city:<|"|>Paris<|"|>}')
+    for text in (prose + one, prose + one + one, prose, prose + rendered(TEMPLATES[0], WRITE)):
+        assert check.accepts(grammar, text, triggers), text
+    assert not check.accepts(FMT.call_grammar(G_TOOLS, False), prose + one + one, triggers)
+    assert not check.accepts(grammar, prose + one.replace("get_time", "get_date"), triggers)
+    assert not check.accepts(grammar, prose + one + " Done.", triggers)  # the calls end the reply
+    r = FMT.parse(prose + one, G_CTX)
+    assert calls(r) == [("get_time", {"city": "Paris"})] and r.content == "Hello, world!\nWhat's up? "
+
+
+RICH = {"type": "object", "$defs": {"node": {"type": "object", "properties": {
+    "name": STRING, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["name"]}},
+    "properties": {
+        "tree": {"$ref": "#/$defs/node"},
+        "when": {"anyOf": [{"type": "integer"}, {"const": "now"}]},
+        "level": {"enum": [1, 2.5, "high", True, None, {"B": [1], "a": "x"}]},
+        "tags": {"type": "array", "items": STRING, "minItems": 1, "maxItems": 2},
+        "env": {"type": "object", "additionalProperties": STRING},
+        "any": {},
+        "odd key: }": {"type": ["integer", "null"]},
+        "both": {"allOf": [{"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+                           {"properties": {"y": {"type": "boolean"}}}]},
+    }, "required": ["tree", "tags"]}
+RICH_TOOL = {"type": "function", "function": {"name": "rich", "parameters": RICH}}
+RICH_VALUES = [
+    {"tree": {"name": "r"}, "tags": ["a"]},
+    {"tree": {"kids": [{"name": "k", "kids": []}, {"name": "<|\"x"}], "name": "r"}, "tags": ["a", "b"],
+     "when": -12, "level": {"B": [1], "a": "x"}, "env": {"PATH": "/bin", "Content-Type": "a b"},
+     "any": {"k": [1.5e-7, None, True, {"z": "<"}]}, "odd key: }": None, "both": {"x": 1.5, "y": False}},
+    {"tree": {"name": ""}, "tags": ["a"], "when": "now", "level": 2.5, "odd key: }": 7, "both": {"x": -3}},
+    {"tree": {"name": "r"}, "tags": ["a"], "level": None, "any": "text"},
+]
+
+
+def notation(value: object) -> str:
+    """A value in Gemma's notation, as the template's format_argument writes it."""
+    if isinstance(value, str):
+        return '<|"|>' + value + '<|"|>'
+    if isinstance(value, dict):
+        return "{" + ",".join((k if ":" not in k else '<|"|>' + k + '<|"|>') + ":" + notation(v)
+                              for k, v in sorted(value.items(), key=lambda kv: kv[0].lower())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(notation(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+@pytest.mark.parametrize("args", RICH_VALUES)
+def test_notation_is_written_from_the_schema(check: GrammarCheck, args: dict[str, object]) -> None:
+    """Nested objects, arrays, refs (recursive), anyOf, const, enums of any value, additionalProperties,
+    allOf, a type list, a key that must be quoted: what the grammar lets through is the value to the reader,
+    and it validates."""
+    text = call("rich" + notation(args))
+    assert check.accepts(FMT.call_grammar([RICH_TOOL], False), text), text
+    (name, got), = calls(FMT.parse(text, G_CTX))
+    assert (name, got) == ("rich", args)
+    jsonschema.validate(got, RICH)
+
+
+@pytest.mark.parametrize("args", [
+    {"tags": ["a"]},  # required missing
+    {"tree": {"kids": []}, "tags": ["a"]},  # required missing, down a $ref
+    {"tree": {"name": "r"}, "tags": []},  # minItems
+    {"tree": {"name": "r"}, "tags": ["a", "b", "c"]},  # maxItems
+    {"tree": {"name": "r"}, "tags": ["a"], "when": "later"},
+    {"tree": {"name": "r"}, "tags": ["a"], "level": "low"},
+    {"tree": {"name": "r"}, "tags": ["a"], "env": {"n": 1}},
+    {"tree": {"name": "r"}, "tags": ["a"], "both": {"y": True}},
+    {"tree": {"name": "r"}, "tags": ["a"], "odd key: }": "x"},
+])
+def test_notation_refuses_what_the_schema_does_not_allow(check: GrammarCheck, args: dict[str, object]) -> None:
+    assert not check.accepts(FMT.call_grammar([RICH_TOOL], False), call("rich" + notation(args)))
+
+
+def test_openapi_nullable_allows_null(check: GrammarCheck) -> None:
+    grammar = FMT.call_grammar([fn("f", {"n": {"type": "integer", "nullable": True}}, ("n",))], False)
+    for value, expected in (("null", None), ("-3", -3)):
+        assert check.accepts(grammar, call(f"f{{n:{value}}}"))
+        assert calls(FMT.parse(call(f"f{{n:{value}}}"), G_CTX)) == [("f", {"n": expected})]
+    assert not check.accepts(grammar, call('f{n:<|"|>3<|"|>}'))
+
+
+def test_a_schema_the_notation_cannot_hold_is_the_clients_error() -> None:
+    with pytest.raises(UserError):
+        FMT.call_grammar([fn("f", {"a": {"enum": ['<|"|>']}})], False)
+    with pytest.raises(UserError):
+        FMT.call_grammar([fn("f", {"a": {"$ref": "#/$defs/missing"}})], False)
+
+
+# enums: random weights would write a free string until max_tokens; a grammar cannot make them stop
+E2E_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"enum": ["a.py", "b.py", "setup.cfg"]}, "whole": {"type": "boolean"}},
+    "required": ["path", "whole"]}}}
+
+
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Path) -> None:
+    """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required, the
+    grammar held from the reply's first token (thinking on: the prompt ends at `<|turn>model\\n`). Random
+    weights never close a thought, so one would run to max_tokens: with this seed the model calls at once."""
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(TEMPLATES[0]))), n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        fmt = renderer.picked.fmt
+        assert isinstance(fmt, Gemma4) and renderer.template is not None
+        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
+        assert text.endswith("<|turn>model\n")
+        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "gemma4")
+        grammar, triggers = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
+        assert grammar is not None and not triggers and backend.check_grammar(grammar) is None
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
+                   agents=served)
+        done: list[Finished] = []
+        out: list[str] = []
+        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
+                                    else out.append(ev.text)))
+        for _ in range(600):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop", "".join(out)  # the grammar ended it, not max_tokens
+        reply = reader.whole("".join(out))
+        assert re.fullmatch(r"<\|tool_call>call:read_file\{.*\}<tool_call\|>", "".join(out), re.S), "".join(out)
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
+    finally:
+        backend.close()

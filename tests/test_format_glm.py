@@ -201,3 +201,211 @@ def test_streamed_one_character_at_a_time_equals_the_whole(name: str, context: R
     got = stream.result()
     assert (got.content, got.reasoning, calls(got), got.broken) == (whole.content, whole.reasoning, calls(whole),
                                                                    whole.broken)
+
+
+# The call grammar (Glm.call_grammar): llama.cpp's own sampler over the replies these models write, and every
+# text it lets through read back by the parser into the same call.
+
+NUM, BOOL = {"type": "number"}, {"type": "boolean"}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": STRING, "days": INTEGER, "metric": BOOL,
+                                     "unit": {"enum": ["celsius", "fahrenheit"]},
+                                     "where": {"type": "object", "properties": {"lat": NUM, "lon": NUM},
+                                               "required": ["lat", "lon"]}, "tags": {"type": "array"}},
+    "required": ["city", "days"]}}}
+WRITE = {"type": "function", "function": {"name": "write", "parameters": {
+    "type": "object", "properties": {"path": STRING, "content": STRING}, "required": ["path", "content"]}}}
+GRAMMAR_TOOLS = [WEATHER, WRITE, SPECIAL, tool("get_time")]
+# what a model asks of them, as the templates render it (its arguments in the schema's order)
+ASKED = [
+    ("get_weather", {"city": "Paris", "days": 3}),
+    ("get_weather", {"city": "São Paulo\n(BR)", "days": -2, "metric": True, "unit": "celsius",
+                     "where": {"lat": -23.5, "lon": -46.6}, "tags": ["a", {"b": None}]}),
+    ("get_weather", {"city": "", "days": 0, "metric": False}),
+    ("write", {"path": "a.c", "content": "#include <stdio.h>\nint main() { return 1 < 2; }\n"}),
+    ("write", {"path": "x.md", "content": "Wrap each call in <tool_call> and </tool_call>; keys go in <arg_key>"
+                                          "…</arg_key>, values in <arg_value>.\n\n  indented "}),
+    ("write", {"path": "</arg_value", "content": "</arg_key> <arg_key>k</arg_key> </tool_call>\n"}),
+    ("special_function", {"arg1": 1}),
+    ("get_time", {}),
+]
+VARIANTS = [("GLM-4.6.jinja", GLM45), ("GLM-4.7-Flash.jinja", GLM47_NO_THINKING)]
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.grammar_check import GrammarCheck
+
+    g = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield g
+    g.close()
+
+
+def rendered(name: str, asked: list[tuple[str, dict[str, Any]]]) -> str:
+    """The calls as the template renders an assistant message that makes them: from the first <tool_call>."""
+    from swarmtune.engine.conversation.chat_template import ChatTemplate
+
+    msgs = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in asked]}]
+    text = ChatTemplate(template(name)).render(msgs, GRAMMAR_TOOLS, add_generation_prompt=False)
+    reply = text[text.rindex("<|assistant|>"):]
+    return reply[reply.index("<tool_call>"):].rstrip()
+
+
+@pytest.mark.parametrize(("name", "tail"), VARIANTS)
+def test_grammar_accepts_the_templates_calls_and_they_read_back(checker: Any, name: str, tail: str) -> None:
+    fmt = fmt_for(name)
+    one, many = fmt.call_grammar(GRAMMAR_TOOLS, parallel=False), fmt.call_grammar(GRAMMAR_TOOLS, parallel=True)
+    for asked in ASKED:
+        text = rendered(name, [asked])
+        assert checker.accepts(one, text) and checker.accepts(many, text), text
+        assert calls(fmt.parse(text, ctx(tail, *GRAMMAR_TOOLS))) == [asked]
+    text = rendered(name, ASKED)  # the template's parallel calls
+    assert checker.accepts(many, text) and not checker.accepts(one, text)
+    assert calls(fmt.parse(text, ctx(tail, *GRAMMAR_TOOLS))) == ASKED
+
+
+@pytest.mark.parametrize(("name", "text", "tail", "tools", "content", "reasoning", "expected"), LLAMA_CPP)
+def test_grammar_holds_llama_cpps_calls(checker: Any, name: str, text: str, tail: str,
+                                        tools: tuple[dict[str, Any], ...], content: str, reasoning: str,
+                                        expected: list[object]) -> None:
+    """llama.cpp's cases, lazily: the reasoning and content before the calls free, the calls held."""
+    fmt = fmt_for(name)
+    g = fmt.call_grammar(list(tools) or [SPECIAL], parallel=True)
+    assert checker.accepts(g, text, fmt.triggers())
+    if expected and not reasoning and not content:  # the reply is the calls alone: held from its first token
+        assert checker.accepts(g, text)
+
+
+def test_grammar_rejects_what_is_no_call_of_an_offered_tool(checker: Any) -> None:
+    for name, _ in VARIANTS:
+        g = fmt_for(name).call_grammar(GRAMMAR_TOOLS, parallel=True)
+        ok = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>" \
+             "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+        assert checker.accepts(g, ok)
+        days = "<arg_key>days</arg_key><arg_value>3</arg_value>"
+        for bad in (ok.replace("get_weather", "get_wether"),  # a tool not offered
+                    ok.replace(days, ""),  # a required parameter missing
+                    ok.replace("<arg_key>city</arg_key><arg_value>Paris</arg_value>", ""),
+                    ok.replace(">3<", ">three<"),  # wrongly typed
+                    ok.replace(">3<", ">3.5<"),
+                    ok.replace(">3<", '>"3"<'),
+                    ok.replace(days, days + "<arg_key>metric</arg_key><arg_value>yes</arg_value>"),
+                    ok.replace(days, days + "<arg_key>unit</arg_key><arg_value>kelvin</arg_value>"),
+                    ok.replace(days, days + '<arg_key>where</arg_key><arg_value>{"lat": 1}</arg_value>'),
+                    ok.replace(days, days + '<arg_key>tags</arg_key><arg_value>["a\tb"]</arg_value>'),
+                    ok.replace(days, days + "<arg_key>nope</arg_key><arg_value>1</arg_value>"),  # not a parameter
+                    ok.replace(days, days + days),
+                    ok + " And done.",  # the reply ends with the call
+                    ok.replace("<tool_call>", "<tool_call> "),
+                    "<tool_call>get_time<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>"):
+            assert not checker.accepts(g, bad), bad
+
+
+def test_grammar_writes_either_layout(checker: Any) -> None:
+    """GLM-4.5/4.6 (and Ling 3, Laguna) put a newline after the name, each tag pair and each call; 4.7 none."""
+    g = fmt_for("GLM-4.7-Flash.jinja").call_grammar(GRAMMAR_TOOLS, parallel=True)
+    for text in ("<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+                 "<tool_call>special_function<arg_key>arg1</arg_key>\n<arg_value>1</arg_value></tool_call>\n"
+                 "<tool_call>get_time\n</tool_call>",
+                 "<tool_call>special_function\n<arg_key>arg1</arg_key><arg_value>1</arg_value>\n</tool_call>"):
+        assert checker.accepts(g, text)
+        assert calls(fmt_for("GLM-4.6.jinja").parse(text, ctx(GLM45, *GRAMMAR_TOOLS)))[0] == SPECIAL_CALL
+    assert not checker.accepts(g, COMPACT.replace("special_function", "special_function\n\n"))
+
+
+def test_random_string_values_read_back_whenever_the_grammar_takes_them(checker: Any) -> None:
+    """Texts made of the closers' pieces: the grammar refuses exactly those holding a closer (its stand-in:
+    `</arg_key>` then `<arg_value>` for a whole next pair), and the parser reads back whole every text it
+    takes."""
+    import random
+    import re
+
+    rng = random.Random(7)
+    pieces = ["</arg_value>", "<arg_value>", "</arg_key>", "<arg_key>", "</tool_call>", "<tool_call>", "\n", " ",
+              "\u3000", "<", "/", ">", "a", "</", "arg_", "value", "é"]
+    closers = re.compile(r"</arg_value>|</arg_key>\s*<arg_value>|</tool_call>\s*<tool_call>")
+    fmt = fmt_for("GLM-4.7-Flash.jinja")
+    g = fmt.call_grammar([WRITE], parallel=True)
+    taken = 0
+    for _ in range(300):
+        value = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        text = (f"<tool_call>write<arg_key>path</arg_key><arg_value>p</arg_value><arg_key>content</arg_key>"
+                f"<arg_value>{value}</arg_value></tool_call>")
+        accepted = checker.accepts(g, text)
+        assert accepted == (closers.search(value) is None), repr(value)
+        if accepted:
+            taken += 1
+            got = calls(fmt.parse(text + text, ctx(GLM47_NO_THINKING, WRITE)))  # the call's end, and a next call
+            assert got == [("write", {"path": "p", "content": value})] * 2, repr(value)
+    assert taken > 100
+
+
+def test_grammar_lazily_after_prose_or_reasoning(checker: Any) -> None:
+    for name, _ in VARIANTS:
+        fmt = fmt_for(name)
+        g, triggers = fmt.call_grammar(GRAMMAR_TOOLS, parallel=True), fmt.triggers()
+        assert triggers == ("<tool_call>",)
+        assert checker.accepts(g, "Let me look.\n" + COMPACT, triggers)
+        assert checker.accepts(g, "\n<think>Need data.</think>\nI'll look.\n" + COMPACT, triggers)
+        assert checker.accepts(g, "No call needed: it is sunny <b>today</b>.", triggers)
+        assert not checker.accepts(g, "Calling." + COMPACT.replace("special_function", "nope"), triggers)
+        assert not checker.accepts(g, "Calling." + COMPACT + " Done.", triggers)
+    text = "I'm\nthinking</think>Checking." + COMPACT
+    glm47 = fmt_for("GLM-4.7-Flash.jinja")
+    assert checker.accepts(glm47.call_grammar(GRAMMAR_TOOLS, parallel=False), text, glm47.triggers())
+    assert calls(glm47.parse(text, ctx(GLM47, *GRAMMAR_TOOLS))) == [SPECIAL_CALL]
+
+
+def test_grammar_refuses_names_the_parser_could_not_read_back() -> None:
+    from swarmtune.engine.errors import UserError
+
+    for bad in (tool("two words"), tool("a<b"), tool("ok", **{"k<": STRING})):
+        with pytest.raises(UserError):
+            fmt_for("GLM-4.7-Flash.jinja").call_grammar([bad], parallel=False)
+
+
+@pytest.mark.parametrize("name", ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja"])
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Any, name: str) -> None:
+    """End to end, as tests/test_tool_families.py: the real template on a tiny random-weight GGUF, one served
+    request under the grammar, which ends the reply with the call. GLM-4.7 with thinking off: with it on, the
+    server holds the call only after the reasoning (Bridge.held)."""
+    import jsonschema
+
+    from swarmtune.engine.agents.prompt import PromptRenderer
+    from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.conversation.formats.reader import ReplyReader
+    from swarmtune.engine.conversation.sampling import SamplingParams
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.model.model_facts import read_model_facts
+    from swarmtune.engine.settings import EngineSettings
+    from tests.test_tool_families import TOOL
+    from tests.tiny_gguf import llama_dense
+
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        assert renderer.family == "glm"
+        text = renderer.render([{"role": "user", "content": "read a file"}], [TOOL], {"enable_thinking": False})
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False), agents=served)
+        grammar = renderer.picked.fmt.call_grammar([TOOL], parallel=False)
+        assert backend.check_grammar(grammar) is None
+        done: list[Finished] = []
+        out: list[str] = []
+        req = ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                            params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                            emit=lambda ev: done.append(ev) if isinstance(ev, Finished) else out.append(ev.text))
+        served.submit(req)
+        for _ in range(800):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
+        reply = ReplyReader(renderer.picked.fmt, ReplyContext(prompt_tail=text[-40:], tools=(TOOL,)), name).whole(
+            "".join(out))
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), TOOL["function"]["parameters"])
+    finally:
+        backend.close()

@@ -8,14 +8,30 @@ assistant message together with the reply. The rest are this format's own rules:
 what a stream must hold back, and what the prompt may leave open."""
 
 import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
 
+import jsonschema
 import pytest
 
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.harmony import Harmony
+from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.server.bridge import Bridge, plan_tools
+from tests.grammar_check import GrammarCheck
 from tests.llama_templates import template
+from tests.tiny_gguf import llama_dense
 
 FMT = Harmony()
 CTX = ReplyContext(prompt_tail="<|start|>assistant")
@@ -158,3 +174,166 @@ def test_streamed_one_character_at_a_time_equals_whole(text: str) -> None:
     stream.finish()
     got = stream.result()
     assert (got.content, got.reasoning, calls(got)) == (whole.content, whole.reasoning, calls(whole))
+
+
+# The call grammar (Harmony.call_grammar, Harmony.triggers)
+
+def fn(name: str, props: dict[str, object], required: tuple[str, ...]) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": list(required)}}}
+
+
+G_TOOLS = [fn("special_function", {"arg1": {"type": "integer"}}, ("arg1",)),
+           fn("edit", {"oldString": {"type": "string"}, "newString": {"type": "string"},
+                       "replaceAll": {"type": "boolean"}}, ("oldString", "newString")),
+           fn("write", {"path": {"type": "string"}, "text": {"type": "string"}}, ("path", "text"))]
+EDIT = ("edit", {"oldString": "if (part < railCount - 1) {", "newString": "if (part < 4) {", "replaceAll": False})
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrammarCheck]:
+    c = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield c
+    c.close()
+
+
+def rendered(name: str, args: object) -> str:
+    """A past call as the template renders it: the message after `<|start|>assistant`, up to its `<|call|>`
+    (the stop token, which the reply does not hold)."""
+    call = {"id": "c0", "type": "function", "function": {"name": name, "arguments": args}}
+    text = ChatTemplate(template("openai-gpt-oss-120b.jinja")).render(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        G_TOOLS, add_generation_prompt=False)
+    # greedy: the message's own <|call|>, not one inside its arguments
+    m = re.search(r"<\|start\|>assistant( to=functions\.[^<]*<\|channel\|>.*)<\|call\|>", text, re.S)
+    assert m, text[-300:]
+    return m.group(1)
+
+
+def model_call(name: str, args: str) -> str:
+    """A call message as gpt-oss writes one (llama.cpp's test-chat.cpp, the Harmony spec)."""
+    return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}"
+
+
+# (reply from its first token, its call): what the model writes, forced from the reply's start
+GRAMMAR_CASES = [
+    *[(text, expected[0]) for text, _, _, expected in LLAMA_CPP if expected],
+    (rendered(*EDIT), EDIT),
+    (rendered("write", {"path": "a.py", "text": "x <|end|> y <|call|><|start|>"}),
+     ("write", {"path": "a.py", "text": "x <|end|> y <|call|><|start|>"})),
+    (model_call("special_function", '{"arg1": 1}'), CALL),
+    (" to=functions.special_function<|channel|>commentary json<|message|>{\"arg1\": 1}", CALL),
+    ("<|channel|>analysis<|message|>Need <|call|> and <|end| and <|start and to=functions.x here.<|end|>"
+     "<|start|>assistant<|channel|>commentary<|message|>One moment.<|end|>"
+     "<|start|>assistant" + model_call("special_function", '{"arg1": 1}'), CALL),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), GRAMMAR_CASES)
+def test_grammar_holds_the_calls_the_model_writes(check: GrammarCheck, text: str, expected: object) -> None:
+    """From the first token (tool_choice required): an analysis message and a preamble may come first, as the
+    model begins; the call's header in either place and with any content type llama.cpp reads; and what the
+    grammar let through is that call to the reader."""
+    for parallel in (False, True):
+        assert check.accepts(FMT.call_grammar(G_TOOLS, parallel), text)
+    r = FMT.parse(text, CTX)
+    assert calls(r) == [expected] and not r.broken and r.content in ("", "One moment.")
+
+
+def test_grammar_holds_one_call_parallel_or_not(check: GrammarCheck) -> None:
+    """`<|call|>` ends the turn (a stop token): a reply holds one call, so parallel changes nothing."""
+    assert FMT.call_grammar(G_TOOLS, True) == FMT.call_grammar(G_TOOLS, False)
+    two = model_call("special_function", '{"arg1": 1}') + "<|call|><|start|>assistant" + model_call(
+        "special_function", '{"arg1": 2}')
+    assert not check.accepts(FMT.call_grammar(G_TOOLS, True), two)
+
+
+@pytest.mark.parametrize("text", [
+    model_call("delete_all", '{"arg1": 1}'),  # a tool not offered
+    model_call("special_function", "{}"),  # a required argument missing
+    model_call("special_function", '{"arg1": "one"}'),  # the wrong type
+    model_call("special_function", '{"arg1": 1.5}'),
+    model_call("edit", '{"oldString": "a", "newString": 1}'),
+    rendered("special_function", {"arg1": "1"}),
+    model_call("special_function", "{arg1: 1}"),  # no JSON
+    "<|channel|>final<|message|>No call.",  # no call at all
+    "<|channel|>analysis<|message|>x<|call|><|start|>assistant" + model_call("special_function", '{"arg1": 1}'),
+    "<|channel|>analysis<|message|>Done<|end|>",  # the reply may not end before its call
+])
+def test_grammar_refuses_what_the_tools_do_not_allow(check: GrammarCheck, text: str) -> None:
+    assert not check.accepts(FMT.call_grammar(G_TOOLS, False), text)
+
+
+def test_analysis_text_is_anything_the_reader_does_not_end(check: GrammarCheck) -> None:
+    """The forced reply's reasoning may hold `<`, half-written markers and stop tokens as text; what would
+    end it for the reader (`<|end|>`, or a stop token the next message follows) ends it for the grammar."""
+    grammar = FMT.call_grammar(G_TOOLS, False)
+    after = "<|end|><|start|>assistant" + model_call("special_function", '{"arg1": 1}')
+    for thought in ("", "a < b", "<|", "<|end", "<|end|", "x<|call|>", "<|return|><|star", "<|call|> <|start|>",
+                    "<<|e<|en<|end|", "to=functions.edit <|constrain|>json<|message|>{}"):
+        text = "<|channel|>analysis<|message|>" + thought + after
+        assert check.accepts(grammar, text), thought
+        assert FMT.parse(text, CTX).reasoning == thought.strip()
+    for bad in ("a<|end|>b", "a<|call|><|start|>b", "a<|return|><|start|>assistant b"):
+        assert not check.accepts(grammar, "<|channel|>analysis<|message|>" + bad + after), bad
+
+
+def test_lazy_grammar_holds_from_a_calls_header(check: GrammarCheck) -> None:
+    """Under tool_choice auto the grammar waits for a call's header where a message starts: reasoning or an
+    answer that mentions ` to=functions.` stays free (the call_start alone would have held it)."""
+    grammar, triggers = FMT.call_grammar(G_TOOLS, False), FMT.triggers()
+    thinking = "<|channel|>analysis<|message|>I could send it to=functions.edit later; <|constrain|>.<|end|>"
+    call = "<|start|>assistant" + model_call("special_function", '{"arg1": 1}')
+    answer = "<|start|>assistant<|channel|>final<|message|>Write `to=functions.x <|message|>{` to call."
+    for text in (thinking + call, thinking + answer, "Hello", model_call("special_function", '{"arg1": 1}'),
+                 rendered(*EDIT), thinking + "<|start|>assistant" + rendered(*EDIT)):
+        assert check.accepts(grammar, text, triggers), text
+    assert not check.accepts(grammar, thinking + answer, (re.escape(FMT.call_start),))
+    assert not check.accepts(grammar, thinking + call.replace("special_function", "delete_all"), triggers)
+    for first in (model_call("delete_all", "{}"), rendered("delete_all", {})):  # a header at the reply's start
+        assert not check.accepts(grammar, first, triggers)
+    assert not check.accepts(grammar, thinking + call + "<|end|>", triggers)  # the call ends the reply
+    assert calls(FMT.parse(thinking + call, CTX)) == [CALL]
+
+
+# enums: random weights would write a free string until max_tokens; a grammar cannot make them stop
+E2E_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"enum": ["a.py", "b.py", "setup.cfg"]}, "whole": {"type": "boolean"}},
+    "required": ["path", "whole"]}}}
+
+
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Path) -> None:
+    """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required, the
+    grammar held from the reply's first token (after the prompt's `<|start|>assistant`). Random weights never
+    write `<|end|>`, so an analysis message would run to max_tokens: with this seed the model writes the call
+    at once."""
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template("openai-gpt-oss-120b.jinja"))),
+                           n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        fmt = renderer.picked.fmt
+        assert isinstance(fmt, Harmony) and renderer.template is not None
+        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
+        assert text.endswith("<|start|>assistant")
+        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "gpt-oss")
+        grammar, triggers = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
+        assert grammar is not None and not triggers and backend.check_grammar(grammar) is None
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
+                   agents=served)
+        done: list[Finished] = []
+        out: list[str] = []
+        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
+                                    else out.append(ev.text)))
+        for _ in range(600):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop", "".join(out)  # the grammar ended it, not max_tokens
+        reply = reader.whole("".join(out))
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
+    finally:
+        backend.close()

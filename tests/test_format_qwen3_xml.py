@@ -276,3 +276,236 @@ def test_streamed_one_character_at_a_time_equals_the_whole(fmt: QwenXml, context
     got = stream.result()
     assert (got.content, got.reasoning, calls(got), got.broken) == (whole.content, whole.reasoning, calls(whole),
                                                                    whole.broken)
+
+
+# The call grammar (QwenXml.call_grammar): llama.cpp's own sampler over the replies these models write, and
+# every text it lets through read back by the parser into the same call.
+
+NUM, BOOL = {"type": "number"}, {"type": "boolean"}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": STRING, "days": INTEGER, "metric": BOOL, "unit": ENUM["function"][
+        "parameters"]["properties"]["unit"], "where": {"type": "object", "properties": {"lat": NUM, "lon": NUM},
+                                                    "required": ["lat", "lon"]}, "tags": {"type": "array"}},
+    "required": ["city", "days"]}}}
+WRITE = {"type": "function", "function": {"name": "write_file", "parameters": {
+    "type": "object", "properties": {"path": STRING, "content": STRING}, "required": ["path", "content"]}}}
+GRAMMAR_TOOLS = [WEATHER, WRITE, SPECIAL]
+# what a model asks of them, as the template renders it (its arguments in the schema's order)
+ASKED = [
+    ("get_weather", {"city": "Paris", "days": 3}),
+    ("get_weather", {"city": "São Paulo\n(BR)", "days": -2, "metric": True, "unit": "celsius",
+                     "where": {"lat": -23.5, "lon": -46.6}, "tags": ["a", {"b": None}]}),
+    ("get_weather", {"city": "", "days": 0, "metric": False}),
+    ("write_file", {"path": "a.c", "content": "#include <stdio.h>\nint main() { return 1 < 2; }\n"}),
+    ("write_file", {"path": "x.md", "content": "Close with </parameter> or </function>, open <parameter=x> or "
+                                               "<function=y>; </tool_call> ends a call.\n\n  indented\n"}),
+    ("write_file", {"path": "<tool_call>", "content": "\n<parameter\n</parameter>\n</parameter >\n"}),
+    ("special_function", {"arg1": 1}),
+    ("special_function", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.grammar_check import GrammarCheck
+
+    g = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield g
+    g.close()
+
+
+def rendered(name: str, asked: list[tuple[str, dict[str, Any]]]) -> str:
+    """The calls as the template renders an assistant message that makes them: from the first <tool_call>."""
+    from swarmtune.engine.conversation.chat_template import ChatTemplate
+
+    msgs = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in asked]}]
+    text = ChatTemplate(template(name)).render(msgs, GRAMMAR_TOOLS, add_generation_prompt=False)
+    reply = text[text.rindex("<|im_start|>assistant"):]
+    return reply[reply.index("<tool_call>"):reply.rindex("<|im_end|>")]
+
+
+VARIANTS = [("Qwen3.5-4B.jinja", NO_THINKING), ("Qwen3-Coder.jinja", CODER)]
+
+
+@pytest.mark.parametrize(("name", "tail"), VARIANTS)
+def test_grammar_accepts_the_templates_calls_and_they_read_back(checker: Any, name: str, tail: str) -> None:
+    fmt = QwenXml.for_template(template(name))
+    assert fmt is not None
+    one, many = fmt.call_grammar(GRAMMAR_TOOLS, parallel=False), fmt.call_grammar(GRAMMAR_TOOLS, parallel=True)
+    for asked in ASKED:
+        text = rendered(name, [asked])
+        assert checker.accepts(one, text) and checker.accepts(many, text), text
+        assert calls(fmt.parse(text, ctx(tail, *GRAMMAR_TOOLS))) == [asked]
+    text = rendered(name, ASKED)  # the template's parallel calls, one a line
+    assert checker.accepts(many, text) and not checker.accepts(one, text)
+    assert calls(fmt.parse(text, ctx(tail, *GRAMMAR_TOOLS))) == ASKED
+
+
+# llama.cpp's cases (above) whose calls the grammar holds: every parameter optional, so the tools' schemas, less
+# those whose values come out of the schema's order (llama.cpp's grammar takes the required ones in any order)
+HELD = [(CALL, (SPECIAL,)), (TWO_CALLS, (SPECIAL, SPECIAL_OPT)), (PWD, (TERMINAL,)), (fn("empty_args"), (EMPTY,))]
+HELD += [(text, tools) for text, tools, _, expected in CODER_CASES[6:] if expected and text.startswith("<tool_call>")]
+OUT_OF_ORDER = {"edit", "tool_2req_4opt", "tool_2req_5opt"}
+
+
+@pytest.mark.parametrize(("text", "tools"), HELD)
+def test_grammar_holds_llama_cpps_calls(checker: Any, text: str, tools: tuple[dict[str, Any], ...]) -> None:
+    for fmt, tail in zip(formats(), (NO_THINKING, CODER), strict=True):
+        r = fmt.parse(text, ctx(tail, *tools))
+        assert r.calls and not r.broken
+        ordered = not any(c.name in OUT_OF_ORDER for c in r.calls)
+        assert checker.accepts(fmt.call_grammar(list(tools), parallel=True), text) == ordered, text
+
+
+def test_grammar_rejects_what_is_no_call_of_an_offered_tool(checker: Any) -> None:
+    for fmt in formats():
+        g = fmt.call_grammar(GRAMMAR_TOOLS, parallel=True)
+        ok = fn("get_weather", ("city", "Paris"), ("days", "3"))
+        assert checker.accepts(g, ok)
+        for bad in (fn("get_time", ("city", "Paris")),  # a tool not offered
+                    fn("get_weather", ("city", "Paris")),  # a required parameter missing
+                    fn("get_weather", ("days", "3")),
+                    fn("get_weather", ("city", "Paris"), ("days", "three")),  # wrongly typed
+                    fn("get_weather", ("city", "Paris"), ("days", "3.5")),
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("metric", "yes")),
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("unit", "kelvin")),
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("where", '{"lat": 1}')),
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("tags", '["a\nb"]')),  # not JSON
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("nope", "1")),  # not a parameter
+                    fn("get_weather", ("city", "Paris"), ("days", "3"), ("days", "4")),
+                    ok + "\nAnd done.",  # the reply ends with the call
+                    ok.replace("\n</function>", "</function>"),
+                    ok.removeprefix("<tool_call>\n")):
+            expect = bad == ok.removeprefix("<tool_call>\n") and fmt.bare_function  # Coder's opener is optional
+            assert checker.accepts(g, bad) == expect, bad
+
+
+@pytest.mark.parametrize("value", [
+    "a\n</parameter>\n<parameter=days>\n3",  # the next parameter, whole
+    "a</parameter><parameter=x",
+    "a</parameter> \t\n <parameter=",
+    "x\n<parameter=days>",  # a parameter on a line of its own
+    "<parameter=",  # the same at the value's start, after the template's newline
+    "a </function>\n\n</tool_call>",  # the call's end
+])
+def test_a_string_value_is_any_text_but_what_would_end_it(checker: Any, value: str) -> None:
+    """The parser would end the value early at any of these; the grammar refuses them, and nothing else."""
+    for fmt in formats():
+        g = fmt.call_grammar([WRITE], parallel=False)
+        text = fn("write_file", ("path", value), ("content", "x"))
+        assert not checker.accepts(g, text)
+        for near in (value[:-1], value[1:], value.replace("<", "< "), value.replace("/", "")):
+            text = fn("write_file", ("path", near), ("content", "x"))
+            if checker.accepts(g, text):
+                assert calls(fmt.parse(text, ctx(CODER, WRITE))) == [("write_file", {"path": near, "content": "x"})]
+
+
+def test_random_string_values_read_back_whenever_the_grammar_takes_them(checker: Any) -> None:
+    """Texts made of the closers' pieces: the grammar refuses exactly those holding a closer (its stand-in:
+    `<parameter=` for the whole `<parameter=NAME>`), and the parser reads back whole every text it takes."""
+    import random
+    import re
+
+    rng = random.Random(7)
+    pieces = ["</parameter>", "<parameter=", "p>", "\n", " ", "\t", "</function>", "</tool_call>", "<", "/", ">",
+              "a", "=", "</", "parameter", "\u3000", "\x0c", "é"]
+    closers = re.compile(r"</parameter>\s*<parameter=|\n<parameter=|</function>\s*</tool_call>")
+    fmt = formats()[0]
+    g = fmt.call_grammar([WRITE], parallel=False)
+    taken = 0
+    for _ in range(300):
+        value = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        text = fn("write_file", ("path", "p"), ("content", value))
+        accepted = checker.accepts(g, text)
+        assert accepted == (closers.search("\n" + value) is None), repr(value)
+        if accepted:
+            taken += 1
+            assert calls(fmt.parse(text, ctx(NO_THINKING, WRITE))) == [("write_file", {"path": "p", "content": value})]
+    assert taken > 100
+
+
+def test_grammar_lazily_after_prose_or_reasoning(checker: Any) -> None:
+    qwen35, coder = formats()
+    for fmt in formats():
+        g, triggers = fmt.call_grammar(GRAMMAR_TOOLS, parallel=True), fmt.triggers()
+        assert checker.accepts(g, "Let me check the weather.\n\n" + CALL, triggers)
+        assert checker.accepts(g, "No call needed: it is sunny <b>today</b>.", triggers)
+        assert not checker.accepts(g, "Calling.\n" + fn("get_time"), triggers)
+        assert not checker.accepts(g, "Calling.\n" + CALL + "\nDone.", triggers)
+    assert qwen35.triggers() == ("<tool_call>",)
+    g = qwen35.call_grammar(GRAMMAR_TOOLS, parallel=True)
+    # Qwen3.5's reply starts in reasoning, which a call may end unclosed
+    for text in ("I'm\nthinking\n</think>\n\n" + CALL, "Need to look it up.\n" + CALL):
+        assert checker.accepts(g, text, qwen35.triggers())
+        assert calls(qwen35.parse(text, ctx(THINKING, *GRAMMAR_TOOLS))) == [SPECIAL_CALL]
+    # Qwen3-Coder's call may leave out its opener: held from the first token, the grammar allows it; lazily, only
+    # <tool_call> triggers it (see QwenXml.call_grammar), so a bare call is the model's own, which the parser reads
+    assert coder.triggers() == ("<tool_call>",)
+    g = coder.call_grammar(GRAMMAR_TOOLS, parallel=True)
+    text = CALL.removeprefix("<tool_call>\n") + "\n" + CALL
+    assert checker.accepts(g, text) and not checker.accepts(qwen35.call_grammar(GRAMMAR_TOOLS, parallel=True), text)
+    assert calls(coder.parse(text, ctx(CODER, *GRAMMAR_TOOLS))) == [SPECIAL_CALL, SPECIAL_CALL]
+    assert checker.accepts(g, "Let me call it.\n" + text, coder.triggers())
+    assert not checker.accepts(g, "Let me call it.\n" + text.replace("special", "nonspecial"), coder.triggers())
+
+
+def test_grammar_types_follow_cast_value() -> None:
+    """A union with string, or a schema naming no type, is text (cast_value reads JSON where it is JSON); a
+    string enum its words; $defs reach a parameter's $ref; names the parser could not read back are refused."""
+    from swarmtune.engine.errors import UserError
+
+    qwen35 = formats()[0]
+    g = qwen35.call_grammar([UNION, NULLABLE_STR, ENUM, tool("t", x={"description": "anything"})], parallel=False)
+    assert '"celsius" | "fahrenheit"' in g
+    ref = {"type": "function", "function": {"name": "r", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}}
+    assert "f0-v0-root" in qwen35.call_grammar([ref], parallel=False)
+    for bad in (tool("a>b"), tool("ok", **{"x\ny": STRING}), tool(" padded")):
+        with pytest.raises(UserError):
+            qwen35.call_grammar([bad], parallel=False)
+
+
+@pytest.mark.parametrize("name", ["Qwen3.5-4B.jinja", "Qwen3-Coder.jinja"])
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Any, name: str) -> None:
+    """End to end, as tests/test_tool_families.py: the real template on a tiny random-weight GGUF, one served
+    request under the grammar, which ends the reply with the call."""
+    import jsonschema
+
+    from swarmtune.engine.agents.prompt import PromptRenderer
+    from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+    from swarmtune.engine.backends.llama_backend import LlamaBackend
+    from swarmtune.engine.conversation.formats.reader import ReplyReader
+    from swarmtune.engine.conversation.sampling import SamplingParams
+    from swarmtune.engine.engine import Engine
+    from swarmtune.engine.model.model_facts import read_model_facts
+    from swarmtune.engine.settings import EngineSettings
+    from tests.test_tool_families import TOOL
+    from tests.tiny_gguf import llama_dense
+
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        assert renderer.family == "qwen3-xml"
+        text = renderer.render([{"role": "user", "content": "read a file"}], [TOOL])
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False), agents=served)
+        grammar = renderer.picked.fmt.call_grammar([TOOL], parallel=False)
+        assert backend.check_grammar(grammar) is None
+        done: list[Finished] = []
+        out: list[str] = []
+        req = ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                            params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                            emit=lambda ev: done.append(ev) if isinstance(ev, Finished) else out.append(ev.text))
+        served.submit(req)
+        for _ in range(800):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
+        reply = ReplyReader(renderer.picked.fmt, ReplyContext(prompt_tail=text[-40:], tools=(TOOL,)), name).whole(
+            "".join(out))
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), TOOL["function"]["parameters"])
+    finally:
+        backend.close()

@@ -14,11 +14,15 @@ Sources: the official template (google/gemma-4-31B-it's chat_template.jinja: for
 prompt), the canitoolcall gemma4 fixtures' notes, and llama.cpp's grammar for it (common/parsers/gemma4.cpp,
 common/chat-peg-parser.cpp's gemma4_to_json, tests/test-chat.cpp)."""
 
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
+from swarmtune.engine.errors import UserError
 
 CALL_OPEN, CALL_CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 CHANNEL_OPEN, CHANNEL_CLOSE, THOUGHT = "<|channel>", "<channel|>", "thought"
@@ -46,6 +50,30 @@ class Gemma4(Format):
     @classmethod
     def for_template(cls, source: str) -> "Gemma4 | None":
         return cls() if CALL_OPEN + PREFIX in source and CHANNEL_OPEN in source else None
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """`<|tool_call>call:NAME{key:value,...}<tool_call|>`, one after another where parallel (as the template
+        writes them, nothing between), the arguments in Gemma's notation (_Notation). Under a forced call the
+        reply may first think, as the model begins a reply with thinking on: an optional thought channel,
+        then the calls at once; lazily the grammar starts at <|tool_call>, past any thought."""
+        rules, alternatives = [], []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            writer = _Notation(params, f"args{i}")
+            if any(k in params for k in ("$ref", "anyOf", "oneOf")):
+                args = writer.value(params)  # alternatives of objects, as a tool's parameters are
+            elif params.get("type") in ("object", None):
+                args = writer.object(writer.merged(params) if "allOf" in params else params)
+            else:  # parameters that are no object: Gemma's call still writes one
+                args = f"{_G}-object"
+            rules += [f"{k} ::= {v}" for k, v in writer.rules.items()]
+            alternatives.append(f"{literal(CALL_OPEN + PREFIX + name)} {args} {literal(CALL_CLOSE)}")
+        shared = [f"{k} ::= {v}" for k, v in _SHARED.items()]
+        shared += [text_without([QUOTE], QUOTE, f"{_G}-text"),
+                   text_without([CHANNEL_CLOSE], CHANNEL_CLOSE, "thought-text")]
+        root = (f"root ::= thought? call{'+' if parallel else ''}\n"
+                f"thought ::= {literal(CHANNEL_OPEN + THOUGHT)} thought-text {literal(CHANNEL_CLOSE)}\n"
+                f"call ::= " + " | ".join(alternatives))
+        return "\n".join([*rules, *shared, root]) + "\n"
 
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
         content: list[str] = []
@@ -229,3 +257,244 @@ def _array(text: str, pos: int) -> tuple[list[Any], int]:
         if text[pos] == "]":
             return out, pos + 1
         pos = _expect(text, pos, ",")
+
+
+# The grammar: a call in Gemma's own notation, its arguments held to the tool's schema. llama.cpp's converter
+# writes JSON, and Gemma's notation is not JSON (bare keys, <|"|> quotes), so the notation is written here from
+# the schema; only numbers, which the two write alike, come from the converter (its bounds on digits).
+
+_G = "g4"  # the rules every call shares: a string, any value (a schema that says nothing), the thought
+_SHARED = {
+    f"{_G}-string": f'{literal(QUOTE)} {_G}-text {literal(QUOTE)}',
+    f"{_G}-number": '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,16})?',
+    f"{_G}-value": f'{_G}-string | {_G}-number | "true" | "false" | "null" | {_G}-object | {_G}-array',
+    f"{_G}-object": f'"{{" ({_G}-member ("," {_G}-member)*)? "}}"',
+    f"{_G}-member": f'{_G}-key ":" {_G}-value',
+    # a bare key the parser reads back whole: no `:` or `}` (they end it), no `<` (a <|"|> would quote it), no
+    # blank at either end (it is stripped); no `,`, which would read as a member left without its value
+    f"{_G}-key": r'[^:}<,\x00-\x20] ([^:}<,\n]* [^:}<,\x00-\x20])?',
+    f"{_G}-array": f'"[" ({_G}-value ("," {_G}-value)*)? "]"',
+}
+
+
+class _Notation:
+    """GBNF for values in Gemma's notation that validate against JSON schemas, as the template writes them
+    (format_argument): keys bare (quoted only where a bare one would not read back), strings between <|"|>
+    quotes, an object's properties sorted (or in the schema's order). What it cannot hold to: a string's
+    length, pattern or format (any text but <|"|>), the number bounds the converter drops, prefixItems,
+    uniqueItems, not, if/then and dependencies; a schema part it does not know is any value there."""
+
+    def __init__(self, root: dict[str, Any], prefix: str) -> None:
+        self.root, self.prefix = root, prefix
+        self.rules: dict[str, str] = {}
+        self.refs: dict[str, str] = {}
+        self.numbers = 0
+
+    def _rule(self, body: str) -> str:
+        name = f"{self.prefix}-{len(self.rules)}"
+        self.rules[name] = body
+        return name
+
+    def value(self, schema: Any) -> str:
+        """A rule name (or a shared one) for the values `schema` allows."""
+        if not isinstance(schema, dict) or not schema:
+            return f"{_G}-value"
+        if "$ref" in schema:
+            return self._ref(str(schema["$ref"]))
+        if "const" in schema:
+            return self._rule(literal(notation(schema["const"])))
+        if "enum" in schema and isinstance(schema["enum"], list):
+            if not schema["enum"]:
+                raise UserError("a tool's parameters schema has an enum that allows no value", field="tools")
+            return self._rule(" | ".join(literal(notation(v)) for v in schema["enum"]))
+        if schema.get("nullable") is True:  # OpenAPI's null, which Gemma's templates write out
+            return self._rule(f'{self.value({k: v for k, v in schema.items() if k != "nullable"})} | "null"')
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list) and schema[key]:
+                return self._rule(" | ".join(self.value(s) for s in schema[key]))
+        if isinstance(schema.get("allOf"), list):
+            return self.value(self.merged(schema))
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return self._rule(" | ".join(self.value({**schema, "type": t}) for t in kind) or f"{_G}-value")
+        if kind is None:
+            kind = "object" if "properties" in schema else "array" if "items" in schema else None
+        if kind == "string":
+            return f"{_G}-string"
+        if kind in ("integer", "number"):
+            self.numbers += 1
+            body, root = schema_rules(schema, f"{self.prefix}-n{self.numbers}")  # JSON's numbers are Gemma's
+            self.rules.update(_rules_of(body))
+            return root
+        if kind == "boolean":
+            return self._rule('"true" | "false"')
+        if kind == "null":
+            return self._rule('"null"')
+        if kind == "object":
+            return self.object(schema)
+        if kind == "array":
+            return self._array(schema)
+        return f"{_G}-value"
+
+    def object(self, schema: dict[str, Any]) -> str:
+        """`{key:value,...}`, each required property present; others only where additionalProperties allows
+        them, after those. In the template's order (Jinja's dictsort: by name, case aside), or in the schema's,
+        as models also write them (llama.cpp's Gemma 4 cases do)."""
+        props = dict(schema["properties"]) if isinstance(schema.get("properties"), dict) else {}
+        extra = schema.get("additionalProperties", not props)  # without properties: any members
+        required = {str(k) for k in schema.get("required") or []}
+        props.update({k: {} for k in sorted(required) if k not in props})  # required, yet said nothing of
+        if not props and extra in (True, None):
+            return f"{_G}-object"
+        values = {k: self.value(v) for k, v in props.items()}
+        more = self._rule(f'{_G}-key ":" {self.value(extra if isinstance(extra, dict) else {})}') \
+            if extra is True or isinstance(extra, dict) else None
+        orders = [sorted(props, key=str.lower), list(props)]
+        inners = [self._members(order, values, required, more) for order in orders[: 1 if orders[0] == orders[1]
+                                                                                     else 2]]
+        if inners[0] is None:
+            return self._rule('"{" "}"')
+        either = inners[0] if len(inners) == 1 else self._rule(" | ".join(str(i) for i in inners))
+        return self._rule(f'"{{" {either}{"" if required else "?"} "}}"')
+
+    def _members(self, order: list[str], values: dict[str, str], required: set[str], more: str | None) -> str | None:
+        """A rule for one or more members, the properties in `order`, then any others: None where there can
+        be none. after(i): the members from the i-th on, each after a comma; first(i): those, the first one
+        without its comma."""
+        members = [f'{literal(key_notation(k) + ":")} {values[k]}' for k in order]
+        n = len(members)
+        after = [" ".join([f'"," {m}' if order[j] in required else f'("," {m})?'
+                           for j, m in enumerate(members) if j >= i] + ([f'("," {more})*'] if more else []))
+                 for i in range(n + 1)]
+        first: list[str | None] = [None] * (n + 1)
+        first[n] = self._rule(f'{more} ("," {more})*') if more else None
+        for i in range(n - 1, -1, -1):
+            alts = [f"{members[i]} {after[i + 1]}".strip()]
+            if order[i] not in required and first[i + 1] is not None:
+                alts.append(str(first[i + 1]))
+            first[i] = self._rule(" | ".join(alts))
+        return first[0]
+
+    def _array(self, schema: dict[str, Any]) -> str:
+        item = self.value(schema.get("items")) if isinstance(schema.get("items"), dict) else f"{_G}-value"
+        low = int(schema.get("minItems") or 0)
+        high = schema.get("maxItems")
+        more = f"{{{max(low - 1, 0)},{int(high) - 1}}}" if isinstance(high, int) and high >= 1 else \
+            f"{{{max(low - 1, 0)},}}"
+        if isinstance(high, int) and high < 1:
+            return self._rule('"[" "]"')
+        items = f'{item} ("," {item}){more}'
+        return self._rule(f'"[" {items} "]"' if low else f'"[" ({items})? "]"')
+
+    def _ref(self, ref: str) -> str:
+        if ref in self.refs:  # a recursive schema refers to the rule being written
+            return self.refs[ref]
+        if not ref.startswith("#"):
+            raise UserError(f"a tool's parameters schema refers outside itself ({ref})", field="tools")
+        target: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise UserError(f"a tool's parameters schema has no {ref}", field="tools")
+            target = target[part]
+        name = self.refs[ref] = f"{self.prefix}-ref{len(self.refs)}"
+        self.rules[name] = self.value(target)
+        return name
+
+    def merged(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """allOf as one schema: the parts' properties and required members together (as the converter merges
+        it); what else a part says is the last word on it."""
+        out: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+        props, required = dict(out.get("properties") or {}), list(out.get("required") or [])
+        for part in schema["allOf"]:
+            while isinstance(part, dict) and "$ref" in part and str(part["$ref"]).startswith("#/"):
+                target: Any = self.root
+                for key in str(part["$ref"])[2:].split("/"):
+                    target = target.get(key) if isinstance(target, dict) else None
+                part = target
+            if not isinstance(part, dict):
+                continue
+            props.update(part.get("properties") or {})
+            required += list(part.get("required") or [])
+            out.update({k: v for k, v in part.items() if k not in ("properties", "required")})
+        if props:
+            out["properties"], out["required"], out["type"] = props, required, "object"
+        return out
+
+
+def _rules_of(gbnf: str) -> dict[str, str]:
+    out = {}
+    for line in gbnf.splitlines():
+        name, _, body = line.partition(" ::= ")
+        out[name.strip()] = body
+    return out
+
+
+def notation(value: Any) -> str:
+    """A JSON value as the template writes it (format_argument), and as _value reads it back."""
+    if isinstance(value, str):
+        if QUOTE in value:
+            raise UserError(f"a tool's schema holds a string Gemma cannot quote: {value[:40]!r}", field="tools")
+        return QUOTE + value + QUOTE
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UserError("a tool's schema holds a number JSON has no word for", field="tools")
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key_notation(str(k))}:{notation(v)}" for k, v in
+                              sorted(value.items(), key=lambda kv: str(kv[0]).lower())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(notation(v) for v in value) + "]"
+    raise UserError(f"a tool's schema holds a value that is no JSON: {value!r}", field="tools")
+
+
+def key_notation(key: str) -> str:
+    """A key bare, as the template writes it, where _object reads it back whole; else between <|"|> quotes."""
+    if key and key == key.strip() and ":" not in key and "}" not in key and not key.startswith(QUOTE):
+        return key
+    if QUOTE in key:
+        raise UserError(f"a tool's schema has a key Gemma cannot quote: {key[:40]!r}", field="tools")
+    return QUOTE + key + QUOTE
+
+
+def text_without(stops: Sequence[str], closer: str, name: str) -> str:
+    """GBNF rules whose root `name` is any text in which no stop occurs, and after which `closer` (one of the
+    stops) is where a reader that ends the text at the first stop ends it. A right-linear grammar of the
+    automaton that follows how much of a stop the text ends with (Aho-Corasick's, built by brute force: the
+    stops are a few short markers), so that a `<`, or a marker half-written, is still text."""
+    states = sorted({s[:i] for s in stops for i in range(len(s))}, key=lambda p: (len(p), p))  # "" first
+    index = {p: i for i, p in enumerate(states)}
+    alphabet = sorted({c for s in stops for c in s})
+
+    def rule(p: str) -> str:
+        return name if not p else f"{name}-{index[p]}"
+
+    def step(p: str, c: str) -> str | None:
+        s = p + c
+        if any(s.endswith(stop) for stop in stops):
+            return None  # a stop, written whole: not text
+        return next(s[k:] for k in range(len(s) + 1) if s[k:] in index)  # the longest part of a stop it ends with
+
+    def closes(p: str) -> bool:
+        s = p + closer
+        return min(at for at in (s.find(stop) for stop in stops) if at >= 0) == len(p)
+
+    lines = []
+    for p in states:
+        moves = {c: step(p, c) for c in alphabet}
+        own = [c for c, q in moves.items() if q != ""]  # characters that do not take the text back to ""
+        alts = [f"[^{''.join(_class_char(c) for c in own)}] {name}"]  # own: at least the next character of a stop
+        alts += [f"{literal(c)} {rule(q)}" for c, q in moves.items() if q]
+        lines.append(f"{rule(p)} ::= (" + " | ".join(alts) + (")?" if closes(p) else ")"))
+    return "\n".join(lines)
+
+
+def _class_char(c: str) -> str:
+    """A character inside a GBNF character class; one the class syntax gives a meaning to, escaped."""
+    if c.isalnum() or c in "<>|:{}!#%&'()*+,./;=?@_`~ ":
+        return c
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"

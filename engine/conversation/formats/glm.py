@@ -21,18 +21,27 @@ opens it in the prompt (`<|assistant|><think>`), so their replies start in reaso
 (llama.cpp's reading: a `<tool_call>` inside it is the model's thinking)."""
 
 import re
+from typing import Any
 
 from swarmtune.engine.conversation.formats.base import cast_value, dumps
+from swarmtune.engine.conversation.formats.grammar import literal, tool_parts
 from swarmtune.engine.conversation.formats.qwen_xml import (
+    BLANK,
     CALL,
     CLOSE,
     NOT_CALL,
     OPEN,
+    SPACES,
     UNFINISHED,
+    Closer,
     Outcome,
     TaggedCalls,
+    check_name,
     expect,
+    parameters,
     skip_space,
+    text_rules,
+    text_value,
 )
 from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall, new_call_id
 
@@ -51,6 +60,29 @@ class Glm(TaggedCalls):
         if OPEN not in source or KEY not in source:
             return None
         return Ling3() if "<role>ASSISTANT</role>" in source else cls()
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """The templates' call: `<tool_call>NAME`, each parameter `<arg_key>P</arg_key><arg_value>VALUE
+        </arg_value>` (required ones always, optional ones may be left out, in the schema's order), then
+        `</tool_call>`; with or without a newline after the name, each tag pair and each call (GLM-4.5/4.6,
+        Ling 3 and Laguna write them, 4.7/5.x do not). A string value is any text the parser reads back whole
+        (VALUE_TEXT), verbatim; another value the JSON its schema allows."""
+        rules = [text_rules(VALUE_TEXT, "text"), 'nl ::= "\\n"?']
+        functions = []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            check_name(name, "<" + BLANK, "tool name")
+            parts = []
+            for j, (key, schema, required) in enumerate(parameters(params)):
+                check_name(key, "<", f"{name}'s parameter name")
+                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text-0")
+                rules.append(value_rules)
+                arg = f"nl {literal(KEY + key + KEY_END)} nl {literal(VALUE)} {value} {literal(VALUE_END)}"
+                parts.append(arg if required else f"({arg})?")
+            rules.append(f"f{i} ::= {literal(name)} {' '.join(parts)}".rstrip())
+            functions.append(f"f{i}")
+        rules.append(f"call ::= {literal(OPEN)} ({' | '.join(functions)}) nl {literal(CLOSE)}")
+        rules.append("root ::= call" + (" (nl call)*" if parallel else ""))
+        return "\n".join(r for r in rules if r) + "\n"
 
     def _read_call(self, text: str, at: int, ctx: ReplyContext, final: bool) -> Outcome:
         name_at = skip_space(text, at + len(OPEN))
@@ -98,6 +130,9 @@ _NAME_END = re.compile(r"[\n<]")
 _UNCLOSED = r"|(?=\s*<arg_key>[^<]*</arg_key>\s*<arg_value>)|(?=</tool_call>\s*<tool_call>)"
 _VALUE_END = re.compile(r"</arg_value>" + _UNCLOSED)
 _VALUE_END_FINAL = re.compile(r"</arg_value>" + _UNCLOSED + r"|(?=</tool_call>\s*\Z)")
+# what ends a value as the parser reads it (_VALUE_END), a value's own text must not hold: its closer, the next
+# pair (`</arg_key>` then `<arg_value>` stands for the whole `<arg_key>…</arg_key><arg_value>`), the next call
+VALUE_TEXT: tuple[Closer, ...] = ((VALUE_END,), (KEY_END, SPACES, VALUE), (CLOSE, SPACES, OPEN))
 
 
 

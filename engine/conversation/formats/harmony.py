@@ -23,8 +23,11 @@ message ends) or a stop token followed by the next message's `<|start|>`."""
 
 import json
 import re
+from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
+from swarmtune.engine.conversation.formats.gemma4 import text_without
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
 START, END, MESSAGE = "<|start|>", "<|end|>", "<|message|>"
@@ -45,13 +48,51 @@ _HEADS = (CHANNEL, MESSAGE, CONSTRAIN, "to=")  # what a header begins with, afte
 class Harmony(Format):
     name = "gpt-oss"
     markers = (START, END, MESSAGE, CHANNEL, CONSTRAIN, CALL, RETURN)
-    call_start = " to=" + FUNCTIONS  # in both places a recipient is written
+    call_start = " to=" + FUNCTIONS  # in both places a recipient is written (triggers: only in a header)
     think_open = ""  # reasoning is a channel, never a block the prompt leaves open
     think_close = ""
 
     @classmethod
     def for_template(cls, source: str) -> "Harmony | None":
         return cls() if CHANNEL in source and MESSAGE in source else None
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """A call message's header and its JSON arguments: `<|channel|>commentary to=functions.NAME
+        <|constrain|>json<|message|>{...}` as the model writes it, or the recipient in the role part,
+        ` to=functions.NAME<|channel|>commentary json<|message|>{...}`, as the template renders a past call
+        (the channel commentary or analysis, the content type ` <|constrain|>json`, ` json` or none: every
+        header llama.cpp reads). It ends with the arguments: the `<|call|>` after them is a stop token, so
+        a reply holds one call, parallel or not.
+
+        From the first token (tool_choice required or named) the reply may first be what the model begins
+        with after `<|start|>assistant`: an analysis message (its reasoning), then a preamble on commentary,
+        each closed by `<|end|><|start|>assistant`; their text is anything the reader does not end there.
+        Lazily the grammar starts at a call's header (triggers), past them."""
+        rules, in_channel, in_role = [], [], []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            body, args = schema_rules(params, f"args{i}")
+            rules.append(body)
+            in_channel.append(f"{literal(name)} content-type {literal(MESSAGE)} {args}")
+            in_role.append(f"{literal(name)} channel content-type {literal(MESSAGE)} {args}")
+        message = f"{literal(END + START)} \"assistant\""
+        return "\n".join([
+            *rules,
+            # the reader ends a text message at <|end|>, or at a stop token that the next message follows
+            text_without([END, CALL + START, RETURN + START], END, "text"),
+            f"analysis ::= {literal(CHANNEL + 'analysis' + MESSAGE)} text {message}",
+            f"preamble ::= {literal(CHANNEL + 'commentary' + MESSAGE)} text {message}",
+            f"channel ::= {literal(CHANNEL)} (\"commentary\" | \"analysis\")",
+            f"content-type ::= ({literal(' ' + CONSTRAIN + 'json')} | \" json\")?",
+            f"recipient ::= {literal(' to=' + FUNCTIONS)}",
+            "call ::= channel recipient (" + " | ".join(in_channel) + ") | recipient (" + " | ".join(in_role) + ")",
+            "root ::= analysis? preamble? call",
+        ]) + "\n"
+
+    def triggers(self) -> tuple[str, ...]:
+        """A call's header where a message starts (the reply's start, or after `<|start|>assistant`), the
+        grammar held from the header's start: ` to=functions.` alone would also match inside reasoning that
+        mentions it, and hold what follows to a call."""
+        return (r"(?:^|<\|start\|>assistant)((?:<\|channel\|>(?:commentary|analysis))? to=functions\.)",)
 
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
         opened = _opened(ctx.prompt_tail)

@@ -24,14 +24,24 @@ a call ends the reasoning even where the model never wrote `</think>` (llama.cpp
 which does not think, sometimes leaves out the `<tool_call>` opener: a `<function=NAME>` of an offered tool
 opens a call there (llama.cpp's Qwen3-Coder triggers).
 
-The scan (TaggedCalls) is shared with GLM's format (formats/glm.py), whose calls are tagged the same way."""
+The call grammar writes the template's layout, the parameters in the schema's order (llama.cpp's takes the
+required ones in any order). A string value is any text but what the parser would end it at (text_rules: an
+automaton over the closers, so code full of `<` and even a `</parameter>` stays writable); any other value is
+the JSON its schema allows, as cast_value reads it back.
 
+The scan (TaggedCalls) and the grammar's text values are shared with GLM's format (formats/glm.py), whose calls
+are tagged the same way."""
+
+import functools
 import re
 from abc import abstractmethod
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
-from swarmtune.engine.conversation.formats.base import Format, cast_value, dumps
+from swarmtune.engine.conversation.formats.base import Format, _types, cast_value, dumps
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
+from swarmtune.engine.errors import UserError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -130,6 +140,35 @@ class QwenXml(TaggedCalls):
             return None
         return cls() if "<think>" in source else QwenCoderXml()
 
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """The template's call: `<tool_call>\\n<function=NAME>\\n`, each parameter `<parameter=P>\\nVALUE\\n
+        </parameter>\\n` (required ones always, optional ones may be left out, in the schema's order), then
+        `</function>\\n</tool_call>`; calls separated by a newline, as the template joins them. A string value
+        is any text the parser reads back whole (VALUE_TEXT), another value the JSON its schema allows."""
+        rules = [text_rules(VALUE_TEXT, "text", before="\n")]
+        functions = []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            check_name(name, "<>\n", "tool name")
+            parts = []
+            for j, (key, schema, required) in enumerate(parameters(params)):
+                check_name(key, "<>\n", f"{name}'s parameter name")
+                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text-0", python_words=True)
+                rules.append(value_rules)
+                arg = f"{literal(PARAMETER + key + '>' + chr(10))} {value} {literal(chr(10) + PARAMETER_END + chr(10))}"
+                parts.append(arg if required else f"({arg})?")
+            rules.append(f"f{i} ::= {literal(FUNCTION + name + '>' + chr(10))} {' '.join(parts)}".rstrip())
+            functions.append(f"f{i}")
+        rules.append(f"body ::= ({' | '.join(functions)}) {literal(FUNCTION_END + chr(10) + CLOSE)}")
+        rules.append(f"call ::= {literal(OPEN + chr(10))} body")
+        # Qwen3-Coder may leave out the first call's opener (llama.cpp's grammar allows it). Its lazy grammar
+        # still triggers on <tool_call> alone: llama.cpp also triggers on `<function=NAME>` of each offered tool,
+        # which triggers() cannot name without the tools, and a bare `<function=` would feed the grammar the
+        # token that completes it, which in Qwen's BPE carries the name's start (`=search`): one naming no offered
+        # tool makes llama.cpp throw from inside the sampler
+        first = f"{literal(OPEN + chr(10))}? body" if self.bare_function else "call"
+        rules.append(f"root ::= {first}" + (' ("\\n" call)*' if parallel else ""))
+        return "\n".join(r for r in rules if r) + "\n"
+
     def _next_start(self, text: str, at: int) -> int:
         start = text.find(OPEN, at)
         bare = text.find(FUNCTION, at) if self.bare_function else -1
@@ -216,3 +255,162 @@ class QwenCoderXml(QwenXml):
 
     think_open = think_close = ""
     bare_function = True
+
+
+# Grammar: the pieces of a call whose values are text (Qwen's XML, GLM's pairs)
+
+SPACES = None  # in a Closer: any run of blank space (the parser's `\s*`)
+Closer = tuple[str | None, ...]
+# what Python's `\s` matches, as the parsers' regexes read blank space (no character above U+3000 is blank)
+BLANK = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+# what ends a Qwen value as the parser reads it (_VALUE_END), a value's own text must not hold: a
+# </parameter> before the next parameter or the call's end, a parameter on a line of its own, the call's end.
+# `\n<parameter=` stands for `\n<parameter=NAME>` (the grammar refuses a little more than the parser reads)
+VALUE_TEXT: tuple[Closer, ...] = (
+    (PARAMETER_END, SPACES, PARAMETER),
+    ("\n" + PARAMETER,),
+    (FUNCTION_END, SPACES, CLOSE),
+)
+# the keywords that say nothing of a value's type: a schema of these alone takes any text, as cast_value reads it
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated", "readOnly",
+                          "writeOnly"})
+
+
+@functools.cache
+def text_rules(closers: Sequence[Closer], prefix: str, before: str = "") -> str:
+    """GBNF for any text (empty too) that holds none of `closers`, read as following `before` (the markup
+    a parser's search starts in): rule `{prefix}-0`. A right-linear grammar of the automaton that tracks how
+    much of a closer the text has just written, so any other text, `<` and the closers' pieces included, is
+    free. Rules `{prefix}-N`."""
+    atoms = [tuple(a for piece in c for a in ((None,) if piece is None else tuple(piece))) for c in closers]
+
+    def spread(states: set[tuple[int, int]]) -> set[tuple[int, int]]:
+        out: set[tuple[int, int]] = set()
+        todo = list(states)
+        while todo:
+            p, i = todo.pop()
+            if (p, i) not in out:
+                out.add((p, i))
+                if i < len(atoms[p]) and atoms[p][i] is None:
+                    todo.append((p, i + 1))  # a run of blanks may be empty
+        return out
+
+    ground = frozenset(spread({(p, 0) for p in range(len(atoms))}))
+
+    def step(state: frozenset[tuple[int, int]], ch: str) -> frozenset[tuple[int, int]] | None:
+        """The state after `ch`; None where the text then holds a whole closer."""
+        nxt = set(ground)  # a closer may start anywhere
+        for p, i in state:
+            if i < len(atoms[p]):
+                a = atoms[p][i]
+                if a is None and ch in BLANK:
+                    nxt.add((p, i))
+                elif a == ch:
+                    nxt.add((p, i + 1))
+        out = spread(nxt)
+        return None if any(i == len(atoms[p]) for p, i in out) else frozenset(out)
+
+    # the characters fall in classes that move the automaton alike: each character a closer spells; the other
+    # blanks (where a closer allows a run of them); everything else
+    spelled = sorted({a for c in atoms for a in c if a is not None})
+    blanks = "".join(c for c in BLANK if c not in spelled) if any(None in c for c in atoms) else ""
+    other = next(chr(cp) for cp in range(0xE000, 0xF900) if chr(cp) not in spelled)  # a private-use stand-in
+    classes = [(ch, ch) for ch in spelled] + ([(blanks[0], blanks)] if blanks else []) + [(other, "")]
+
+    start: frozenset[tuple[int, int]] | None = ground
+    for ch in before:
+        assert start is not None
+        start = step(start, ch)
+    assert start is not None, "the markup before a value holds no closer"
+    ids = {start: 0}
+    queue = [start]
+    lines = []
+    while queue:
+        state = queue.pop(0)
+        groups: dict[int, list[str]] = {}  # target state: the classes (by their stand-in) that lead there
+        for rep, _ in classes:
+            target = step(state, rep)
+            if target is not None:
+                if target not in ids:
+                    ids[target] = len(ids)
+                    queue.append(target)
+                groups.setdefault(ids[target], []).append(rep)
+        alternatives = [""]  # the text may end in any state
+        for target_id, reps in groups.items():
+            if other in reps:  # everything but the classes that go elsewhere (or nowhere)
+                chars = "".join(members for rep, members in classes if rep not in reps)
+                cls = f"[^{_class(chars)}]"
+            else:
+                cls = f"[{_class(''.join(members for rep, members in classes if rep in reps))}]"
+            alternatives.append(f"{cls} {prefix}-{target_id}")
+        lines.append(f"{prefix}-{ids[state]} ::= " + " | ".join(alternatives))
+    return "\n".join(lines)
+
+
+def _class(chars: str) -> str:
+    """The body of a GBNF character class holding `chars`, runs of code points as ranges."""
+    cps = sorted({ord(c) for c in chars})
+    out, i = [], 0
+    while i < len(cps):
+        j = i
+        while j + 1 < len(cps) and cps[j + 1] == cps[j] + 1:
+            j += 1
+        out.append(_class_char(cps[i]) + (f"-{_class_char(cps[j])}" if j > i else ""))
+        i = j + 1
+    return "".join(out)
+
+
+def _class_char(cp: int) -> str:
+    c = chr(cp)
+    if c.isascii() and (c.isalnum() or c in "<>/=_.,:;!?@#$%&*()+{}|~'` "):
+        return c
+    return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else f"\\U{cp:08X}"
+
+
+def parameters(params: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(name, schema, required) of each parameter the tool's schema describes, in its order."""
+    props = params.get("properties")
+    if not isinstance(props, dict):
+        return []
+    required = params.get("required")
+    needed = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
+    return [(str(k), v if isinstance(v, dict) else {}, k in needed) for k, v in props.items()]
+
+
+def text_value(schema: dict[str, Any], params: dict[str, Any], prefix: str, text: str,
+               python_words: bool = False) -> tuple[str, str]:
+    """(rules, expression) for a value written as text, typed as cast_value reads it back: a string is the
+    raw text (`text`: the rule for any text the format can read back whole), one of its enum's where it has
+    one; a union with string, or a schema that names no type, any text (cast_value reads JSON where the text is
+    JSON, as llama.cpp's grammar allows); anything else the JSON its schema allows (its $defs from the tool's).
+    python_words: a boolean or null may also be written True, False, None (Qwen's templates render a value
+    with Jinja's `string`, so the models write them so; cast_value reads them)."""
+    types = _types(schema)
+    if types == {"string"}:
+        choices = schema["enum"] if isinstance(schema.get("enum"), list) else []
+        if not choices and "const" in schema:
+            choices = [schema["const"]]
+        if choices:
+            return "", "(" + " | ".join(literal(str(v)) for v in choices) + ")"
+        return "", text
+    if "string" in types or not set(schema) - _ANNOTATIONS:
+        return "", text
+    doc = dict(schema)
+    for key in ("$defs", "definitions"):
+        if key in params and key not in doc:
+            doc[key] = params[key]
+    rules, root = schema_rules(doc, prefix)
+    # llama-cpp-python's converter lets a JSON string hold raw control characters, which json.loads (and so
+    # cast_value) refuses: held to JSON's own rule, as llama.cpp's converter writes it
+    rules = rules.replace('-char ::= [^"\\\\]', '-char ::= [^"\\\\\\x7F\\x00-\\x1F]')
+    words = ['"True"', '"False"'] if "boolean" in types else []
+    words += ['"None"'] if "null" in types else []
+    if python_words and words and "enum" not in schema and "const" not in schema:
+        return rules, f"({root} | {' | '.join(words)})"
+    return rules, root
+
+
+def check_name(name: str, refused: str, what: str) -> None:
+    """A name the format could not write so that its parser reads it back is the client's error."""
+    if not name or name != name.strip() or any(c in refused for c in name):
+        raise UserError(f"the {what} {name!r} cannot be written in this model's tool call format", field="tools")
