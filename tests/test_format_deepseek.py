@@ -9,14 +9,29 @@ parse a prefilled assistant message together with the reply. The rest are this f
 template gives which variant, V4.1's spaced DSML, a call cut short or malformed, what a stream holds back."""
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
+import jsonschema
 import pytest
 
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.deepseek import DeepSeek, Variant
+from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.server.bridge import Bridge, plan_tools
+from tests.grammar_check import GrammarCheck
 from tests.llama_templates import template
+from tests.tiny_gguf import llama_dense
 
 ASSIST = "Hello, world!\nWhat's up?"
 THOUGHTS = "I'm\nthinking"
@@ -265,3 +280,189 @@ def test_streamed_equals_whole(variant: Variant, tail: str, reply: str) -> None:
     got = stream.result()
     assert (got.content, got.reasoning, calls(got)) == (whole.content, whole.reasoning, calls(whole))
     assert whole.calls or whole.broken
+
+
+# --- the call grammar (DeepSeek.call_grammar): llama.cpp's grammar sampler over byte tokens (tests/grammar_check)
+
+def fn(name: str, props: dict[str, object], required: tuple[str, ...] = ()) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": list(required)}}}
+
+
+G_TOOLS = [fn("special_function", {"arg1": {"type": "integer"}}, ("arg1",)),
+           fn("get_time", {"city": {"type": "string"}}, ("city",)),
+           fn("write", {"path": {"type": "string"}, "content": {"type": "string"}, "mode": {"enum": ["w", "a"]},
+                        "tags": {"type": "array", "items": {"type": "string"}}, "force": {"type": "boolean"}},
+              ("path", "content")),
+           fn("submit", {})]
+G_CTX = ReplyContext(tools=tuple(G_TOOLS))
+CODE = 'if a < b:\n    print("</div>", {\'k\': 1})\n'
+SINGLE = [("special_function", {"arg1": 1})]
+PARALLEL = [("special_function", {"arg1": 1}), ("get_time", {"city": "Tokyo"}), ("submit", {}),
+            ("write", {"path": "a.py", "content": CODE, "mode": "a", "tags": ["x<y", "z"], "force": True})]
+GRAMMAR_TEMPLATES = [("llama-cpp-deepseek-r1.jinja", "v3"), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "v3"),
+                     ("deepseek-ai-DeepSeek-V3.1.jinja", "v31"), ("deepseek-ai-DeepSeek-V3.2.jinja", "v32"),
+                     ("deepseek-ai-DeepSeek-V4.jinja", "v4"), ("deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "v4")]
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrammarCheck]:
+    c = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield c
+    c.close()
+
+
+def rendered(name: str, *calls_: tuple[str, object]) -> str:
+    """A past assistant turn of these calls as the template renders it, from the block's opener on."""
+    tool_calls = [{"id": f"call{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                  for i, (n, a) in enumerate(calls_)]
+    text = ChatTemplate(template(name)).render([{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "", "tool_calls": tool_calls}],
+                                               add_generation_prompt=False)
+    fmt = DeepSeek.for_template(template(name))
+    assert fmt is not None
+    start = text.rindex(fmt.call_start)
+    return text[start:text.index("<｜end▁of▁sentence｜>", start)]
+
+
+def v41_block(*calls_: tuple[str, dict[str, object]]) -> str:
+    """V4.1's spaced DSML (no template of it is vendored), as its encoder writes it."""
+    return dsml("calls", *[(n, [(k, "true" if isinstance(v, str) else "false", v if isinstance(v, str)
+                                 else json.dumps(v)) for k, v in a.items()]) for n, a in calls_], sp=" ")
+
+
+@pytest.mark.parametrize(("name", "variant"), GRAMMAR_TEMPLATES)
+def test_grammar_holds_the_calls_the_template_writes(check: GrammarCheck, name: str, variant: Variant) -> None:
+    fmt = DeepSeek(variant)
+    one, many = rendered(name, *SINGLE), rendered(name, *PARALLEL)
+    assert check.accepts(fmt.call_grammar(G_TOOLS, False), one)
+    assert check.accepts(fmt.call_grammar(G_TOOLS, True), one)
+    assert check.accepts(fmt.call_grammar(G_TOOLS, True), many)
+    assert not check.accepts(fmt.call_grammar(G_TOOLS, False), many)  # one call, where not parallel
+    assert calls(fmt.parse(one, G_CTX)) == SINGLE and calls(fmt.parse(many, G_CTX)) == PARALLEL
+
+
+def test_v41_grammar_holds_its_spaced_calls(check: GrammarCheck) -> None:
+    fmt = DeepSeek("v41")
+    for calls_ in (SINGLE, PARALLEL):
+        text = v41_block(*calls_)
+        assert check.accepts(fmt.call_grammar(G_TOOLS, True), text)
+        assert calls(fmt.parse(text, G_CTX)) == calls_
+    assert not check.accepts(fmt.call_grammar(G_TOOLS, True), tc(ARG1))  # V4's spelling is not V4.1's
+
+
+@pytest.mark.parametrize(("variant", "text"), [
+    ("v3", V3_CALL),  # llama.cpp's R1 case: no newline before the closing fence
+    ("v3", V3_CALL.replace("```<", "\n```\n<")),  # llama-cpp-deepseek-r1's own example
+    ("v31", v31(("get_time", '{"city": "XYZCITY"}'))),
+    ("v31", v31(("get_time", '{"city": "Paris"}'), ("special_function", '{"arg1": -14}'))),
+    ("v32", fc(ARG1)),
+    ("v32", fc(("get_time", [("city", "true", "Paris")]), ("special_function", [("arg1", "false", "42")]))),
+    ("v4", tc(TOKYO)),
+    ("v4", "\n\n" + tc(TOKYO, ARG1)),  # the separator the template writes before the block
+    ("v4", tc(("write", [("path", "true", "a.py"), ("content", "true", '  a<b> "q"\n</｜DSML｜invoke>\n')]))),
+])
+def test_grammar_holds_llama_cpp_calls(check: GrammarCheck, variant: Variant, text: str) -> None:
+    fmt = DeepSeek(variant)
+    assert check.accepts(fmt.call_grammar(G_TOOLS, True), text)
+    r = fmt.parse(text, G_CTX)
+    assert r.calls and not r.broken and r.content == ""
+
+
+@pytest.mark.parametrize(("name", "variant"), GRAMMAR_TEMPLATES[::2] + GRAMMAR_TEMPLATES[3:5])
+def test_grammar_refuses_what_the_tools_do_not_allow(check: GrammarCheck, name: str, variant: Variant) -> None:
+    grammar = DeepSeek(variant).call_grammar(G_TOOLS, True)
+    assert not check.accepts(grammar, rendered(name, ("delete_all", {"arg1": 1})))  # a tool not offered
+    assert not check.accepts(grammar, rendered(name, ("special_function", {})))  # a required argument missing
+    assert not check.accepts(grammar, rendered(name, ("special_function", {"arg1": "one"})))  # the wrong type
+    assert not check.accepts(grammar, rendered(name, ("special_function", {"arg1": 1.5})))
+    assert not check.accepts(grammar, rendered(name, ("write", {"path": "a", "content": "b", "mode": "x"})))
+
+
+@pytest.mark.parametrize("variant", ["v3", "v31", "v32", "v4", "v41"])
+def test_lazy_grammar_holds_from_the_blocks_opener(check: GrammarCheck, variant: Variant) -> None:
+    fmt = DeepSeek(variant)
+    grammar, triggers = fmt.call_grammar(G_TOOLS, True), fmt.triggers()
+    block = {"v3": V3_CALL, "v31": v31(("get_time", '{"city": "Paris"}')), "v32": fc(ARG1), "v4": tc(ARG1),
+             "v41": v41_block(*SINGLE)}[variant]
+    prose = "Let me look: <｜tool▁call▁begin｜> is how a call begins, and <｜DSML｜invoke> too.\n\n"
+    assert check.accepts(grammar, prose + block, triggers)
+    assert check.accepts(grammar, prose, triggers)  # no call at all
+    assert not check.accepts(grammar, prose + block.replace("special_function", "other_function")
+                             .replace("get_time", "other_function"), triggers)
+    assert calls(fmt.parse(prose + block, G_CTX))
+
+
+@pytest.mark.parametrize("variant", ["v32", "v4", "v41"])
+def test_dsml_text_values_hold_anything_but_their_closer(check: GrammarCheck, variant: Variant) -> None:
+    """A string is raw text: code with `<`, quotes, newlines and DSML markup in it is written as is, up to the
+    closing tag of either spelling, which would end the value there (in a JSON string too)."""
+    fmt = DeepSeek(variant)
+    grammar = fmt.call_grammar(G_TOOLS, False)
+    block = {"v32": fc, "v4": tc, "v41": lambda *i: dsml("calls", *i, sp=" ")}[variant]
+
+    def write(content: str, *more: tuple[str, str, str]) -> str:
+        return block(("write", [("path", "true", "a.py"), ("content", "true", content), *more]))
+
+    for content in (CODE, "</｜DSML｜param", "x </｜DSML｜invoke>\n</｜DSML｜tool_calls>", "", "ends with </｜DSML｜"):
+        text = write(content, ("tags", "false", '["<｜DSML｜", "</｜DSML｜parameter"]'))
+        assert check.accepts(grammar, text), content
+        assert calls(fmt.parse(text, G_CTX)) == [("write", {"path": "a.py", "content": content,
+                                                            "tags": ["<｜DSML｜", "</｜DSML｜parameter"]})]
+    for content in ("a</｜DSML｜parameter>b", "a</｜DSML｜ parameter>b"):
+        assert not check.accepts(grammar, write(content))
+        assert not check.accepts(grammar, write("a", ("tags", "false", json.dumps([content], ensure_ascii=False))))
+    assert not check.accepts(grammar, write("a", ("tags", "false", '["a\nb"]')))  # strict JSON: no raw newline
+    assert not check.accepts(grammar, write("a", ("force", "true", "true")))  # a boolean is JSON
+    assert check.accepts(grammar, write("a", ("mode", "true", "w"), ("force", "false", "false")))
+    assert not check.accepts(grammar, write("a", ("force", "false", "false"), ("mode", "true", "w")))  # order
+
+
+def test_v3_json_strings_are_strict(check: GrammarCheck) -> None:
+    """The block's parser reads the arguments as strict JSON: a raw control character in a string is none."""
+    grammar = DeepSeek("v3").call_grammar(G_TOOLS, False)
+    good = rendered("llama-cpp-deepseek-r1.jinja", ("get_time", {"city": "a\nb"}))
+    assert check.accepts(grammar, good) and calls(DeepSeek("v3").parse(good, G_CTX)) == [("get_time",
+                                                                                         {"city": "a\nb"})]
+    assert not check.accepts(grammar, good.replace("\\n", "\n"))
+
+
+# enums: random weights would write a free string until max_tokens; a grammar cannot make them stop
+E2E_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"enum": ["a.py", "b.py", "setup.cfg"]}, "whole": {"type": "boolean"}},
+    "required": ["path", "whole"]}}}
+
+
+@pytest.mark.parametrize("name", ["llama-cpp-deepseek-r1.jinja", "deepseek-ai-DeepSeek-V3.1.jinja",
+                                  "deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-ai-DeepSeek-V4.jinja"])
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Path, name: str) -> None:
+    """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required: the
+    prompt opens the thinking block, so the call is held from its end (Bridge.held), as the server holds it."""
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        fmt = renderer.picked.fmt
+        assert isinstance(fmt, DeepSeek) and renderer.template is not None
+        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
+        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "deepseek")
+        grammar, _ = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
+        assert grammar is not None and backend.check_grammar(grammar) is None
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
+                   agents=served)
+        done: list[Finished] = []
+        out: list[str] = []
+        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
+                                    else out.append(ev.text)))
+        for _ in range(600):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
+        reply = reader.whole("".join(out))
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
+    finally:
+        backend.close()

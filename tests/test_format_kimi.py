@@ -9,15 +9,30 @@ stream here sends a call whole, once it is closed). llama.cpp keeps K2's call id
 call's id; the ids here are swarmtune's own, so they are not compared. The rest are the format's own rules."""
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+from swarmtune.engine.agents.prompt import PromptRenderer
+from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.backends.llama_backend import LlamaBackend
+from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.base import Format
 from swarmtune.engine.conversation.formats.kimi import Kimi, KimiK3
+from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from swarmtune.engine.conversation.sampling import SamplingParams
+from swarmtune.engine.engine import Engine
+from swarmtune.engine.model.model_facts import read_model_facts
+from swarmtune.engine.settings import EngineSettings
+from swarmtune.server.bridge import Bridge, plan_tools
+from tests.grammar_check import GrammarCheck
 from tests.llama_templates import template
+from tests.tiny_gguf import llama_dense
 
 K2_PROMPT = "<|im_assistant|>assistant<|im_middle|>"  # the pinned templates' generation prompt: no <think>
 K26_THINKING = K2_PROMPT + "<think>"  # K2.6's own template, thinking on
@@ -300,3 +315,192 @@ def test_streamed_one_character_at_a_time_equals_the_whole(name: str, context: R
     got = stream.result()
     assert (got.content, got.reasoning, calls(got), got.broken) == (whole.content, whole.reasoning, calls(whole),
                                                                    whole.broken)
+
+
+# --- the call grammars (Kimi.call_grammar, KimiK3.call_grammar): llama.cpp's grammar sampler over byte tokens
+
+def fn(name: str, props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": list(required)}}}
+
+
+G_TOOLS = [fn("special_function", {"arg1": INTEGER}, ("arg1",)), fn("get_time", {"city": STRING}, ("city",)),
+           fn("write", {"path": STRING, "content": STRING, "mode": {"enum": ["w", "a"]},
+                        "tags": {"type": "array", "items": STRING}, "force": {"type": "boolean"},
+                        "limit": {"type": ["integer", "null"]}}, ("path", "content")),
+           fn("submit", {})]
+CODE = 'if a < b:\n    print("<|close|>", {\'k\': 1})\n'
+SINGLE = [("special_function", {"arg1": 1})]
+PARALLEL = [("special_function", {"arg1": 1}), ("get_time", {"city": "Tokyo"}), ("submit", {}),
+            ("write", {"path": "a.py", "content": CODE, "mode": "a", "tags": ["x<y", "z"], "force": True,
+                       "limit": None})]
+K2_CTX = ctx(K2_PROMPT, *G_TOOLS)
+K3_CTX = ctx(K3_NO_THINKING, *G_TOOLS)
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrammarCheck]:
+    c = GrammarCheck(tmp_path_factory.mktemp("vocab"))
+    yield c
+    c.close()
+
+
+def rendered(name: str, *calls_: tuple[str, Any], opener: str, end: str) -> str:
+    """A past assistant turn of these calls as the template renders it, from `opener` to before `end`."""
+    tool_calls = [{"id": f"call{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                  for i, (n, a) in enumerate(calls_)]
+    text = ChatTemplate(template(name)).render([{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "", "tool_calls": tool_calls}],
+                                               add_generation_prompt=False)
+    start = text.rindex(opener)
+    return text[start:text.index(end, start)]
+
+
+def k2_rendered(name: str, *calls_: tuple[str, Any]) -> str:
+    return rendered(name, *calls_, opener="<|tool_calls_section_begin|>", end="<|im_end|>")
+
+
+def k3_rendered(*calls_: tuple[str, Any], opener: str = "<|open|>tools<|sep|>") -> str:
+    return rendered("Kimi-K3.jinja", *calls_, opener=opener, end="<|close|>message<|sep|>")
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"])
+def test_k2_grammar_holds_the_calls_the_template_writes(check: GrammarCheck, name: str) -> None:
+    """The section as the template writes it (a call held from the first token opens it), and from the first
+    call's opener, where a lazy grammar starts (the trigger); one call, or several where parallel."""
+    fmt = fmt_for(name)
+    one, many = k2_rendered(name, *SINGLE), k2_rendered(name, *PARALLEL)
+    for text in (one, one[len("<|tool_calls_section_begin|>"):], one.removesuffix("<|tool_calls_section_end|>")):
+        assert check.accepts(fmt.call_grammar(G_TOOLS, False), text)
+        assert check.accepts(fmt.call_grammar(G_TOOLS, True), text)
+        assert calls(fmt.parse(text, K2_CTX)) == SINGLE
+    assert check.accepts(fmt.call_grammar(G_TOOLS, True), many)
+    assert not check.accepts(fmt.call_grammar(G_TOOLS, False), many)  # one call, where not parallel
+    assert calls(fmt.parse(many, K2_CTX)) == PARALLEL
+
+
+def test_k3_grammar_holds_the_calls_the_template_writes(check: GrammarCheck) -> None:
+    """From the tools element's opener (a lazy grammar's trigger), or from the empty response channel the
+    template closes before it (a call held from the first token); then the message's end, or not."""
+    fmt = fmt_for("Kimi-K3.jinja")
+    for calls_ in (SINGLE, PARALLEL):
+        for opener in ("<|open|>tools<|sep|>", "<|open|>response<|sep|>", "<|close|>response<|sep|>"):
+            text = k3_rendered(*calls_, opener=opener)
+            for ending in ("", "<|close|>message<|sep|>", "<|close|>message<|sep|><|end_of_msg|>"):
+                assert check.accepts(fmt.call_grammar(G_TOOLS, True), text + ending)
+                assert calls(fmt.parse(text + ending, K3_CTX)) == calls_
+    assert check.accepts(fmt.call_grammar(G_TOOLS, False), k3_rendered(*SINGLE))
+    assert not check.accepts(fmt.call_grammar(G_TOOLS, False), k3_rendered(*PARALLEL))
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("Kimi-K2-Thinking.jinja", section(k2("special_function", 0, '{"arg1": 1}'))),
+    ("Kimi-K2-Thinking.jinja", section(k2("special_function", 0, '{"arg1": 1}'),
+                                       k2("get_time", 1, '{"city": "Paris"}'))),
+    ("Kimi-K2-Instruct.jinja", section(k2("write", 12, '{"path": "a", "content": "<|tool_call_end|>"}'))),
+    ("Kimi-K2-Thinking.jinja", "<|tool_call_begin|>functions.special_function:0<|tool_call_argument_begin|>"
+     '{"arg1": -3}<|tool_call_end|>'),
+    ("Kimi-K3.jinja", k3_tools(k3_call("special_function", 1, ("arg1", "number", "1")))),
+    ("Kimi-K3.jinja", k3_tools(k3_call("special_function", 1, ("arg1", "number", "1")),
+                               k3_call("get_time", 2, ("city", "string", "Paris")))),
+    ("Kimi-K3.jinja", k3_tools(k3_call("write", 1, ("path", "string", "a.py"), ("content", "string", CODE),
+                                       ("limit", "number", "12")))),
+])
+def test_grammar_holds_llama_cpp_calls(check: GrammarCheck, name: str, text: str) -> None:
+    fmt = fmt_for(name)
+    assert check.accepts(fmt.call_grammar(G_TOOLS, True), text)
+    r = fmt.parse(text, K3_CTX if name == "Kimi-K3.jinja" else K2_CTX)
+    assert r.calls and not r.broken and r.content == ""
+
+
+def test_grammar_refuses_what_the_tools_do_not_allow(check: GrammarCheck) -> None:
+    k2, k3 = fmt_for("Kimi-K2-Instruct.jinja"), fmt_for("Kimi-K3.jinja")
+    for fmt, write in ((k2, lambda *c: k2_rendered("Kimi-K2-Instruct.jinja", *c)), (k3, k3_rendered)):
+        grammar = fmt.call_grammar(G_TOOLS, True)
+        assert not check.accepts(grammar, write(("delete_all", {"arg1": 1})))  # a tool not offered
+        assert not check.accepts(grammar, write(("special_function", {})))  # a required argument missing
+        assert not check.accepts(grammar, write(("special_function", {"arg1": "one"})))  # the wrong type
+        assert not check.accepts(grammar, write(("special_function", {"arg1": 1.5})))
+        assert not check.accepts(grammar, write(("write", {"path": "a", "content": "b", "mode": "x"})))
+        assert not check.accepts(grammar, write(("submit", {"extra": 1})))
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2-Instruct.jinja", "Kimi-K3.jinja"])
+def test_lazy_grammar_holds_from_the_trigger(check: GrammarCheck, name: str) -> None:
+    fmt = fmt_for(name)
+    grammar, triggers = fmt.call_grammar(G_TOOLS, True), fmt.triggers()
+    if name == "Kimi-K3.jinja":
+        block, c = k3_rendered(*SINGLE, opener="<|close|>response<|sep|>"), K3_CTX
+    else:
+        block, c = k2_rendered(name, *SINGLE), K2_CTX
+    prose = "Let me look: a call opens with <|open|>call and <|tool_calls_section_begin|>.\n"
+    assert check.accepts(grammar, prose + block, triggers)
+    assert check.accepts(grammar, prose, triggers)  # no call at all
+    assert not check.accepts(grammar, prose + block.replace("special_function", "other_function"), triggers)
+    assert calls(fmt.parse(prose + block, c)) == SINGLE
+
+
+def test_k3_text_values_hold_anything_but_their_closer(check: GrammarCheck) -> None:
+    """A string is raw text: code with `<`, quotes, newlines and XTML markup in it is written as is, up to the
+    argument's closer (in a JSON string too: the parser could end the value there)."""
+    fmt = fmt_for("Kimi-K3.jinja")
+    grammar = fmt.call_grammar(G_TOOLS, False)
+
+    def write(content: str, **more: Any) -> str:
+        return k3_rendered(("write", {"path": "a.py", "content": content, **more}))
+
+    for content in (CODE, "<|close|>argument", "x<|close|>call<|sep|><|close|>tools<|sep|>", "", "<|close|>argu",
+                    " \n spaced \n "):
+        text = write(content, tags=["<|close|>argument<|se", "<|"])
+        assert check.accepts(grammar, text), content
+        assert calls(fmt.parse(text, K3_CTX)) == [("write", {"path": "a.py", "content": content,
+                                                            "tags": ["<|close|>argument<|se", "<|"]})]
+    assert not check.accepts(grammar, write("a<|close|>argument<|sep|>b"))
+    assert not check.accepts(grammar, write("a", tags=["a<|close|>argument<|sep|>b"]))
+    assert not check.accepts(grammar, write("a", tags=["a\nb"]).replace("\\n", "\n"))  # strict JSON
+    assert not check.accepts(grammar, write("a", force=True).replace('type="boolean"', 'type="string"'))
+    for limit in (3, None):
+        text = write("a", limit=limit)
+        assert check.accepts(grammar, text) and json.loads(fmt.parse(text, K3_CTX).calls[0].arguments)["limit"] == limit
+    assert check.accepts(grammar, write("a", mode="w", force=False))
+    assert not check.accepts(grammar, k3_rendered(("write", {"force": False, "path": "a.py", "content": "a"})))
+
+
+# enums: random weights would write a free string until max_tokens; a grammar cannot make them stop
+E2E_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"enum": ["a.py", "b.py", "setup.cfg"]}, "whole": {"type": "boolean"}},
+    "required": ["path", "whole"]}}}
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2-Instruct.jinja", "Kimi-K3.jinja"])
+def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Path, name: str) -> None:
+    """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required (K3's
+    prompt opens its think channel, so the call is held from the channel's end, as the server holds it)."""
+    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
+    try:
+        renderer = PromptRenderer(backend)
+        fmt = renderer.picked.fmt
+        assert renderer.family == "kimi" and renderer.template is not None
+        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
+        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "kimi")
+        grammar, _ = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
+        assert grammar is not None and backend.check_grammar(grammar) is None
+        served = ServedAgents(backend)
+        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
+                   agents=served)
+        done: list[Finished] = []
+        out: list[str] = []
+        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
+                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
+                                    else out.append(ev.text)))
+        for _ in range(600):
+            if done:
+                break
+            e.step()
+        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
+        reply = reader.whole("".join(out))
+        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
+        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
+    finally:
+        backend.close()

@@ -29,9 +29,12 @@ from swarmtune.engine.conversation.formats.deepseek_dsml import (
     DSML_OPEN,
     DSML_OPENERS,
     Piece,
+    dsml_grammar,
     dsml_piece,
+    json_value_rules,
     partial_of,
 )
+from swarmtune.engine.conversation.formats.grammar import literal, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
 Variant = Literal["v3", "v31", "v32", "v4", "v41"]
@@ -63,6 +66,29 @@ class DeepSeek(Format):
     @property
     def dsml(self) -> bool:
         return self.variant in ("v32", "v4", "v41")
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """The block the variant's template renders a past call in, of one call (or, parallel, one or more):
+        V3's `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>`, V3.1's
+        `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` between the block's markers; DSML's
+        block for the rest (deepseek_dsml.dsml_grammar)."""
+        if self.dsml:
+            block = {"v32": "function_calls", "v4": "tool_calls", "v41": "calls"}[self.variant]
+            return dsml_grammar(tools, parallel, block, spaced=self.variant == "v41")
+        rules, calls = [], []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            # strict JSON: the block's parser reads the arguments with json's strict decoder
+            body, args = json_value_rules(params, f"args{i}")
+            rules.append(body)
+            if self.variant == "v3":  # the fence's newlines as the template writes them, or as R1 leaves them out
+                head = literal(f"{CALL_BEGIN}function{SEP}{name}\n```json\n")
+                calls.append(f'{head} {args} "\\n"? "```" "\\n"? {literal(CALL_END)}')
+            else:
+                calls.append(f"{literal(CALL_BEGIN + name + SEP)} {args} {literal(CALL_END)}")
+        rules.append("call ::= " + " | ".join(calls))
+        more = ' ("\\n"? call)*' if parallel else ""  # V3's template puts a newline between calls
+        rules.append(f"root ::= {literal(CALLS_BEGIN)} call{more} {literal(CALLS_END)}")
+        return "\n".join(rules) + "\n"
 
     @classmethod
     def for_template(cls, source: str) -> "DeepSeek | None":

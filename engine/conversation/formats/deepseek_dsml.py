@@ -14,14 +14,20 @@ vendors (deepseek-ai-DeepSeek-V4-Flash-0731.jinja) still writes V4's. A `string=
 text between the tags, whitespace and all (no escaping); a `string="false"` one is JSON (DeepSeek's
 encoding_dsv32.py/encoding_dsv4.py render them so, and llama.cpp's common/parsers/deepseek.cpp reads them
 so). An invoke with no parameters may close itself (`<｜DSML｜invoke name="submit"/>`, as SGLang reports V4
-writing it)."""
+writing it).
+
+The call grammar (dsml_grammar) writes the block as the templates render a past call: one tag a line, the
+parameters in the tool's properties order (the required ones always), a string as raw text, anything else as
+JSON. text_without and json_value_rules are the pieces of a format whose values are text (Kimi K3's too)."""
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from swarmtune.engine.conversation.formats.base import cast_value, dumps
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall, new_call_id
 
 TOKEN = "｜DSML｜"
@@ -142,3 +148,163 @@ def _not_string(schema: dict[str, Any] | None) -> bool:
     t = schema.get("type") if schema else None
     types = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
     return bool(types) and "string" not in types
+
+
+# --- the call grammar, and the pieces a format whose values are text builds its own from
+
+NL = "\n"
+# a JSON string's escapes, as the schema converter writes them
+_JSON_ESCAPE = '"\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
+def _class_char(c: str) -> str:
+    """One character inside a GBNF character class."""
+    if c in "\\]-[":
+        return "\\" + c
+    return c if c.isprintable() and c != "^" else f"\\x{ord(c):02X}" if ord(c) < 256 else f"\\U{ord(c):08X}"
+
+
+def text_without(name: str, forbidden: Sequence[str], then: str = "", json_chars: bool = False) -> str:
+    """GBNF rules, the first one `name`: any text in which none of `forbidden` occurs, ending only where
+    `then` (what the grammar writes next, where it is one of them) can follow without one of them starting
+    before it does. With json_chars, the inside of a JSON string instead: its raw characters (no quote,
+    backslash or control character) and its escapes.
+
+    A value's parser ends it at the first of its closers, so a value that may hold any text must not hold a
+    closer, and nothing else need be ruled out (code with `<` in it is still written). The rules are the
+    automaton that recognises the forbidden texts (Aho-Corasick's, character by character): a state is the
+    longest tail of what was written that begins a forbidden text, a rule a state."""
+    prefixes = sorted({f[:i] for f in forbidden for i in range(len(f))}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(prefixes)}
+    alphabet = sorted(set("".join(forbidden)))
+    if json_chars:
+        assert not any(c in '"\\' or ord(c) < 0x20 for c in alphabet), "a JSON string holds these escaped"
+
+    def step(state: str, c: str) -> str | None:
+        text = state + c
+        if any(text.endswith(f) for f in forbidden):
+            return None
+        return next(text[k:] for k in range(len(text) + 1) if text[k:] in index)  # "" is a state: found
+
+    def first_hit(text: str) -> int:
+        return min((i for f in forbidden if (i := text.find(f)) >= 0), default=len(text))
+
+    def rule(state: str) -> str:
+        return name if not state else f"{name}-{index[state]}"
+
+    out = []
+    for state in prefixes:
+        # a character that starts no forbidden text over again goes back to the first state: one class
+        moves = {c: step(state, c) for c in alphabet}
+        special = [c for c, nxt in moves.items() if nxt != ""]
+        excluded = "".join(map(_class_char, special)) + ('"\\\\\\x00-\\x1F' if json_chars else "")
+        alts = [f"[^{excluded}] {name}" if excluded else f"[\\x00-\\U0010FFFF] {name}"]
+        alts += [f"{_JSON_ESCAPE} {name}"] if json_chars else []
+        alts += [f"{literal(c)} {rule(nxt)}" for c, nxt in moves.items() if nxt]
+        may_end = not then or first_hit(state + then) == len(state)
+        out.append(f"{rule(state)} ::= ({' | '.join(alts)})" + ("?" if may_end else ""))
+    return "\n".join(out)
+
+
+def json_value_rules(schema: dict[str, Any] | None, prefix: str, string_text: str = "") -> tuple[str, str]:
+    """schema_rules, its JSON strings held to what a strict JSON parser takes back (the converter lets raw
+    control characters into them; json.loads refuses them), and their insides to the rule `string_text`
+    where one is given (text_without(..., json_chars=True): a closer inside a JSON string would end the
+    value there). Strings the converter writes with their own rules (a pattern, a length) keep them."""
+    rules, root = schema_rules(schema, prefix)
+    rules = rules.replace(f'{prefix}-char ::= [^"\\\\]', f'{prefix}-char ::= [^"\\\\\\x00-\\x1F]')
+    if string_text:
+        rules = rules.replace(f'"\\"" {prefix}-char* "\\""', f'"\\"" {string_text} "\\""')
+    return rules, root
+
+
+_UNCONSTRAINING = {"description", "title", "default", "examples", "$comment", "$schema", "$defs", "definitions",
+                   "deprecated", "readOnly", "writeOnly"}
+
+
+def value_kinds(schema: Any) -> tuple[list[str] | None, bool, bool]:
+    """What a parameter's schema lets its value be: (the strings it lists (enum, const), None where it takes
+    any string; whether it takes a string at all; whether it takes anything but a string). A schema that
+    constrains by other means ($ref, allOf, properties) is left to the schema converter: no string here."""
+    if not isinstance(schema, dict) or not set(schema) - _UNCONSTRAINING:
+        return None, True, True
+    if "const" in schema or isinstance(schema.get("enum"), list):
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        strings = [v for v in values if isinstance(v, str)]
+        return strings, bool(strings), len(strings) < len(values)
+    subs = [s for key in ("anyOf", "oneOf") for s in schema.get(key) or [] if isinstance(s, dict)]
+    if subs:
+        kinds = [value_kinds(s) for s in subs]
+        listed = None if any(k[1] and k[0] is None for k in kinds) else [v for k in kinds for v in k[0] or []]
+        return listed, any(k[1] for k in kinds), any(k[2] for k in kinds)
+    t = schema.get("type")
+    types = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
+    if not types:
+        return None, False, True
+    return None, "string" in types, bool(types - {"string"})
+
+
+def with_defs(schema: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema, with the definitions its `$ref`s name (they live at the tool's schema's root)."""
+    out = dict(schema) if isinstance(schema, dict) else {}
+    for key in ("$defs", "definitions"):
+        if key in params and key not in out:
+            out[key] = params[key]
+    return out
+
+
+def dsml_grammar(tools: list[dict[str, Any]], parallel: bool, block: str, spaced: bool) -> str:
+    """A DSML block of one invoke (or, parallel, one or more) of the tools, in `block`'s name, the tags spaced
+    as V4.1's encoder spaces them where `spaced`, as the templates render a past call:
+
+        <｜DSML｜tool_calls>
+        <｜DSML｜invoke name="get_weather">
+        <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>
+        </｜DSML｜invoke>
+        </｜DSML｜tool_calls>
+
+    It may open with the blank line the templates put before the block (a call held from the reply's first
+    token writes it). A string parameter is raw text, holding no closing tag of either spelling (the parser
+    ends a value at the first); a listed string (enum) one of them; anything else JSON (string="false"),
+    its strings holding no closing tag either."""
+    t = TOKEN + (" " if spaced else "")
+    param_end = f"</{t}parameter>"
+    closers = (f"</{TOKEN}parameter>", f"</{TOKEN} parameter>")
+    rules = [text_without("dsml-text", closers, then=param_end),
+             text_without("dsml-json-text", closers, json_chars=True)]
+    invokes = []
+    for i, (name, params) in enumerate(tool_parts(tools)):
+        found = params.get("properties")
+        props: dict[str, Any] = found if isinstance(found, dict) else {}
+        required = set(params.get("required") or [])
+        pieces = []
+        for j, (key, schema) in enumerate(props.items()):
+            listed, may_string, may_other = value_kinds(schema)
+            may_other = may_other or not (listed or may_string)  # an empty enum: the converter says what it takes
+            as_text = literal(f'<{t}parameter name="{key}" string="true">')
+            as_json = literal(f'<{t}parameter name="{key}" string="false">')
+            alts = []
+            if listed:
+                alts.append(f"{as_text} ({' | '.join(map(literal, listed))})")
+            elif may_string:
+                alts.append(f"{as_text} dsml-text")
+            if may_other:
+                body, root = json_value_rules(with_defs(schema, params), f"t{i}-p{j}", "dsml-json-text")
+                rules.append(body)
+                alts.append(f"{as_json} {root}")
+            rules.append(f"t{i}-p{j} ::= ({' | '.join(alts)}) {literal(param_end + NL)}")
+            pieces.append(f"t{i}-p{j}" + ("" if key in required else "?"))
+        opener, closer = literal(f'<{t}invoke name="{name}">' + NL), literal(f"</{t}invoke>" + NL)
+        # V4's template writes an invoke without arguments with a blank line in it (V3.2's without)
+        args = " ".join(pieces)
+        if not pieces:
+            args = f"{literal(NL)}?"
+        elif not any(key in required for key in props):
+            args = f"({args} | {literal(NL)})"
+        rules.append(f"t{i} ::= {opener} {args} {closer}")
+        invokes.append(f"t{i}")
+    rules.append("invoke ::= " + " | ".join(invokes))
+    calls = "invoke+" if parallel else "invoke"
+    rules.append(f"root ::= ({literal(NL)} {literal(NL)}?)? {literal(f'<{t}{block}>' + NL)} {calls} "
+                 f"{literal(f'</{t}{block}>')}")
+    return "\n".join(rules) + "\n"

@@ -22,6 +22,8 @@ block, for the thinking models."""
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, cast_value, dumps
+from swarmtune.engine.conversation.formats.deepseek_dsml import json_value_rules, text_without, value_kinds, with_defs
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.llama3 import BAD, CUT, load_json, scan_json, skip_ws
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
@@ -68,6 +70,22 @@ class Kimi(Format):
 
     def __init__(self, thinking: bool = False) -> None:
         self.thinking = thinking  # a thinking model's template (K2-Thinking, K2.6): it reasons by default
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """`<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{...}<|tool_call_end|>`, one call
+        (or, parallel, one or more), and the section's closer. A call held from the reply's first token may
+        open the section first, as the model writes it; a lazy one starts at the call, the section's opener
+        (if any) written before the trigger (as llama.cpp's own grammar for K2 does)."""
+        rules, calls = [], []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            body, args = schema_rules(params, f"args{i}")  # the parser takes raw control characters too
+            rules.append(body)
+            calls.append(f'{literal(f"{CALL_BEGIN}functions.{name}:")} [0-9]+ {literal(ARG_BEGIN)} {args} '
+                         f"{literal(CALL_END)}")
+        rules.append("call ::= " + " | ".join(calls))
+        many = "call+" if parallel else "call"
+        rules.append(f"root ::= {literal(SECTION_BEGIN)}? {many} {literal(SECTION_END)}?")
+        return "\n".join(rules) + "\n"
 
     @classmethod
     def for_template(cls, source: str) -> "Format | None":
@@ -207,6 +225,51 @@ class KimiK3(Format):
     call_start = TOOLS
     think_open = K3_THINK
     think_close = K3_THINK_END
+
+    def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """The tools element of one call (or, parallel, one or more), as the template renders a past call:
+
+            <|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city"
+            type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>
+
+        then the message's end, as llama.cpp's K3 grammar ends it. The arguments in the tool's properties
+        order, the required ones always; a string is raw text holding no argument closer (a listed one, enum,
+        one of them), anything else JSON, its strings holding no closer either. A call held from the reply's
+        first token may close an empty response channel first, as the model writes it before its tools."""
+        rules = [text_without("k3-text", (ARGUMENT_END,), then=ARGUMENT_END),
+                 text_without("k3-json-text", (ARGUMENT_END,), json_chars=True)]
+        calls = []
+        for i, (name, params) in enumerate(tool_parts(tools)):
+            found = params.get("properties")
+            props: dict[str, Any] = found if isinstance(found, dict) else {}
+            required = set(params.get("required") or [])
+            pieces = []
+            for j, (key, schema) in enumerate(props.items()):
+                listed, may_string, may_other = value_kinds(schema)
+                may_other = may_other or not (listed or may_string)  # an empty enum: the converter says
+                as_text, alts = literal('string"' + SEP), []
+                if listed:
+                    alts.append(f"{as_text} ({' | '.join(map(literal, listed))})")
+                elif may_string:
+                    alts.append(f"{as_text} k3-text")
+                if may_other:
+                    # where a string is allowed too, a JSON string would be read back as its text, quotes and all
+                    json_schema = _no_strings(schema) if may_string else schema
+                    body, root = json_value_rules(with_defs(json_schema, params), f"t{i}-a{j}", "k3-json-text")
+                    rules.append(body)
+                    types = " | ".join(literal(t + '"' + SEP) for t in _xtml_types(schema))
+                    alts.append(f"({types}) {root}")
+                head = literal(f'{ARGUMENT}key="{_escape_attr(key)}" type="')
+                rules.append(f"t{i}-a{j} ::= {head} ({' | '.join(alts)}) {literal(ARGUMENT_END)}")
+                pieces.append(f"t{i}-a{j}" + ("" if key in required else "?"))
+            opener, head_end = literal(f'{K3_CALL}tool="{_escape_attr(name)}" index="'), literal('"' + SEP)
+            rules.append(f"t{i} ::= {opener} [0-9]+ {head_end} {' '.join(pieces)} {literal(K3_CALL_END)}")
+            calls.append(f"t{i}")
+        rules.append("call ::= " + " | ".join(calls))
+        many = "call+" if parallel else "call"
+        rules.append(f"root ::= ({literal(RESPONSE)}? {literal(RESPONSE_END)})? {literal(TOOLS)} {many} "
+                     f"{literal(TOOLS_END)} ({literal(MSG_END)} {literal(EOM)}?)?")
+        return "\n".join(rules) + "\n"
 
     @classmethod
     def for_template(cls, source: str) -> "KimiK3 | None":
@@ -364,3 +427,44 @@ def _k3_cast(value: str, written: str, schema: dict[str, Any] | None) -> Any:
         return value
     parsed = load_json(value.strip())
     return value if parsed is None and value.strip() != "null" else parsed
+
+
+def _escape_attr(value: str) -> str:
+    """An XTML attribute's value as the template escapes it (and _attrs reads it back)."""
+    return value.replace("&", "&amp;").replace('"', "&quot;")
+
+
+_XTML_TYPES = {"integer": "number", "number": "number", "boolean": "boolean", "null": "null", "object": "object",
+               "array": "array"}
+
+
+def _xtml_types(schema: Any) -> list[str]:
+    """The `type` attributes a value of this schema's other than string may carry (the template's names of
+    JSON's types; the parser reads the value by the schema, so this is the model's cue, not the parser's)."""
+    if isinstance(schema, dict):
+        t = schema.get("type")
+        types = [t] if isinstance(t, str) else t if isinstance(t, list) else []
+        for key in ("anyOf", "oneOf"):
+            for sub in schema.get(key) or []:
+                types = types + [x for x in _xtml_types(sub) if x not in types]
+        named = list(dict.fromkeys(_XTML_TYPES[x] for x in types if x in _XTML_TYPES))
+        if named:
+            return named
+    return list(dict.fromkeys(_XTML_TYPES.values()))
+
+
+def _no_strings(schema: Any) -> Any:
+    """A schema that takes a string and more, less the string: the JSON a K3 argument's value may be that
+    cast_value does not read back as text."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    t = out.get("type")
+    if isinstance(t, list):
+        out["type"] = [x for x in t if x != "string"]
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if not isinstance(v, str)]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_no_strings(sub) for sub in out[key] if value_kinds(sub)[2]]
+    return out
