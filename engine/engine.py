@@ -271,8 +271,13 @@ class Engine:
         if self.pending.take() or self.backend.n_seqs < self.slots:
             return
         self._step_t0 = time.perf_counter()
-        if self._apply_controls() is None:  # none pending: the cap kept in force, nothing rebuilt
+        if (switched := self._apply_controls()) is None:  # none pending: the cap kept in force, nothing rebuilt
             self._landing = self._begin(launch=True)
+            return
+        # a control came between the check above and this apply: its rebuild ran, and its record is the next
+        rec = self._record(switched)
+        self._observe(rec)
+        self._queued.append(rec)
 
     def _land(self) -> StepRecord:
         landing, self._landing = self._landing, None

@@ -124,3 +124,30 @@ def test_the_paced_sim_launches_without_waiting_and_lands_its_tokens():
     assert b.cells(0) == (0, 0)  # the cells are the step's at launch, as llama.cpp's are once queued
     out, seconds = landing()
     assert len(out) == 2 and seconds == b.step_seconds(2, 2.0, contexts=[1.0, 1.0])
+
+
+def test_a_control_between_the_overlaps_check_and_its_apply_has_its_rebuilds_record():
+    """Issue 68's race: the overlap checks for a pending control, then applies controls; a KV switch requested
+    between the two ran its rebuild, and the rebuild's record was dropped. Forced here: the request lands
+    right after the check. The switch happens and a record says so."""
+    e = _sim(overlap=True, tuner=False)
+    for _ in range(20):
+        e.step()
+    real_take, calls = e.pending.take, []
+
+    def take_then_request() -> Control:
+        got = real_take()
+        calls.append(got)
+        if len(calls) == 1:  # the overlap's check has read nothing pending: now another thread asks
+            e.request(Control(kv=KV("q8_0")))
+        return got
+
+    e.pending.take = take_then_request  # type: ignore[method-assign]
+    while e.in_flight:  # land whatever was launched, so the next step() launches with our take in place
+        e.step()
+    calls.clear()
+    records = [e.step() for _ in range(4)]
+    e.pending.take = real_take  # type: ignore[method-assign]
+    assert e.s.kv == KV("q8_0")  # the switch happened
+    assert any(r.kind == "rebuild" for r in records), [r.kind for r in records]  # and its record came out
+    e.close()
