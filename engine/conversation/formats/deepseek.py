@@ -31,10 +31,9 @@ from swarmtune.engine.conversation.formats.deepseek_dsml import (
     Piece,
     dsml_grammar,
     dsml_piece,
-    json_value_rules,
     partial_of,
 )
-from swarmtune.engine.conversation.formats.grammar import literal, tool_parts
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
 Variant = Literal["v3", "v31", "v32", "v4", "v41"]
@@ -78,7 +77,7 @@ class DeepSeek(Format):
         rules, calls = [], []
         for i, (name, params) in enumerate(tool_parts(tools)):
             # strict JSON: the block's parser reads the arguments with json's strict decoder
-            body, args = json_value_rules(params, f"args{i}")
+            body, args = schema_rules(params, f"args{i}")
             rules.append(body)
             if self.variant == "v3":  # the fence's newlines as the template writes them, or as R1 leaves them out
                 head = literal(f"{CALL_BEGIN}function{SEP}{name}\n```json\n")

@@ -18,16 +18,15 @@ writing it).
 
 The call grammar (dsml_grammar) writes the block as the templates render a past call: one tag a line, the
 parameters in the tool's properties order (the required ones always), a string as raw text, anything else as
-JSON. text_without and json_value_rules are the pieces of a format whose values are text (Kimi K3's too)."""
+JSON. value_kinds and with_defs are the pieces of a format whose values are text (Kimi K3's too)."""
 
 import json
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from swarmtune.engine.conversation.formats.base import cast_value, dumps
-from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, text_without, tool_parts
 from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall, new_call_id
 
 TOKEN = "｜DSML｜"
@@ -153,71 +152,6 @@ def _not_string(schema: dict[str, Any] | None) -> bool:
 # --- the call grammar, and the pieces a format whose values are text builds its own from
 
 NL = "\n"
-# a JSON string's escapes, as the schema converter writes them
-_JSON_ESCAPE = '"\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
-
-
-def _class_char(c: str) -> str:
-    """One character inside a GBNF character class."""
-    if c in "\\]-[":
-        return "\\" + c
-    return c if c.isprintable() and c != "^" else f"\\x{ord(c):02X}" if ord(c) < 256 else f"\\U{ord(c):08X}"
-
-
-def text_without(name: str, forbidden: Sequence[str], then: str = "", json_chars: bool = False) -> str:
-    """GBNF rules, the first one `name`: any text in which none of `forbidden` occurs, ending only where
-    `then` (what the grammar writes next, where it is one of them) can follow without one of them starting
-    before it does. With json_chars, the inside of a JSON string instead: its raw characters (no quote,
-    backslash or control character) and its escapes.
-
-    A value's parser ends it at the first of its closers, so a value that may hold any text must not hold a
-    closer, and nothing else need be ruled out (code with `<` in it is still written). The rules are the
-    automaton that recognises the forbidden texts (Aho-Corasick's, character by character): a state is the
-    longest tail of what was written that begins a forbidden text, a rule a state."""
-    prefixes = sorted({f[:i] for f in forbidden for i in range(len(f))}, key=lambda p: (len(p), p))
-    index = {p: i for i, p in enumerate(prefixes)}
-    alphabet = sorted(set("".join(forbidden)))
-    if json_chars:
-        assert not any(c in '"\\' or ord(c) < 0x20 for c in alphabet), "a JSON string holds these escaped"
-
-    def step(state: str, c: str) -> str | None:
-        text = state + c
-        if any(text.endswith(f) for f in forbidden):
-            return None
-        return next(text[k:] for k in range(len(text) + 1) if text[k:] in index)  # "" is a state: found
-
-    def first_hit(text: str) -> int:
-        return min((i for f in forbidden if (i := text.find(f)) >= 0), default=len(text))
-
-    def rule(state: str) -> str:
-        return name if not state else f"{name}-{index[state]}"
-
-    out = []
-    for state in prefixes:
-        # a character that starts no forbidden text over again goes back to the first state: one class
-        moves = {c: step(state, c) for c in alphabet}
-        special = [c for c, nxt in moves.items() if nxt != ""]
-        excluded = "".join(map(_class_char, special)) + ('"\\\\\\x00-\\x1F' if json_chars else "")
-        alts = [f"[^{excluded}] {name}" if excluded else f"[\\x00-\\U0010FFFF] {name}"]
-        alts += [f"{_JSON_ESCAPE} {name}"] if json_chars else []
-        alts += [f"{literal(c)} {rule(nxt)}" for c, nxt in moves.items() if nxt]
-        may_end = not then or first_hit(state + then) == len(state)
-        out.append(f"{rule(state)} ::= ({' | '.join(alts)})" + ("?" if may_end else ""))
-    return "\n".join(out)
-
-
-def json_value_rules(schema: dict[str, Any] | None, prefix: str, string_text: str = "") -> tuple[str, str]:
-    """schema_rules, its JSON strings held to what a strict JSON parser takes back (the converter lets raw
-    control characters into them; json.loads refuses them), and their insides to the rule `string_text`
-    where one is given (text_without(..., json_chars=True): a closer inside a JSON string would end the
-    value there). Strings the converter writes with their own rules (a pattern, a length) keep them."""
-    rules, root = schema_rules(schema, prefix)
-    rules = rules.replace(f'{prefix}-char ::= [^"\\\\]', f'{prefix}-char ::= [^"\\\\\\x00-\\x1F]')
-    if string_text:
-        rules = rules.replace(f'"\\"" {prefix}-char* "\\""', f'"\\"" {string_text} "\\""')
-    return rules, root
-
-
 _UNCONSTRAINING = {"description", "title", "default", "examples", "$comment", "$schema", "$defs", "definitions",
                    "deprecated", "readOnly", "writeOnly"}
 
@@ -289,7 +223,7 @@ def dsml_grammar(tools: list[dict[str, Any]], parallel: bool, block: str, spaced
             elif may_string:
                 alts.append(f"{as_text} dsml-text")
             if may_other:
-                body, root = json_value_rules(with_defs(schema, params), f"t{i}-p{j}", "dsml-json-text")
+                body, root = schema_rules(with_defs(schema, params), f"t{i}-p{j}", string_text="dsml-json-text")
                 rules.append(body)
                 alts.append(f"{as_json} {root}")
             rules.append(f"t{i}-p{j} ::= ({' | '.join(alts)}) {literal(param_end + NL)}")

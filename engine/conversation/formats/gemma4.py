@@ -16,11 +16,10 @@ common/chat-peg-parser.cpp's gemma4_to_json, tests/test-chat.cpp)."""
 
 import json
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
-from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, text_without, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 from swarmtune.engine.errors import UserError
 
@@ -68,8 +67,8 @@ class Gemma4(Format):
             rules += [f"{k} ::= {v}" for k, v in writer.rules.items()]
             alternatives.append(f"{literal(CALL_OPEN + PREFIX + name)} {args} {literal(CALL_CLOSE)}")
         shared = [f"{k} ::= {v}" for k, v in _SHARED.items()]
-        shared += [text_without([QUOTE], QUOTE, f"{_G}-text"),
-                   text_without([CHANNEL_CLOSE], CHANNEL_CLOSE, "thought-text")]
+        shared += [text_without(f"{_G}-text", [QUOTE], then=QUOTE),
+                   text_without("thought-text", [CHANNEL_CLOSE], then=CHANNEL_CLOSE)]
         root = (f"root ::= thought? call{'+' if parallel else ''}\n"
                 f"thought ::= {literal(CHANNEL_OPEN + THOUGHT)} thought-text {literal(CHANNEL_CLOSE)}\n"
                 f"call ::= " + " | ".join(alternatives))
@@ -460,41 +459,3 @@ def key_notation(key: str) -> str:
         raise UserError(f"a tool's schema has a key Gemma cannot quote: {key[:40]!r}", field="tools")
     return QUOTE + key + QUOTE
 
-
-def text_without(stops: Sequence[str], closer: str, name: str) -> str:
-    """GBNF rules whose root `name` is any text in which no stop occurs, and after which `closer` (one of the
-    stops) is where a reader that ends the text at the first stop ends it. A right-linear grammar of the
-    automaton that follows how much of a stop the text ends with (Aho-Corasick's, built by brute force: the
-    stops are a few short markers), so that a `<`, or a marker half-written, is still text."""
-    states = sorted({s[:i] for s in stops for i in range(len(s))}, key=lambda p: (len(p), p))  # "" first
-    index = {p: i for i, p in enumerate(states)}
-    alphabet = sorted({c for s in stops for c in s})
-
-    def rule(p: str) -> str:
-        return name if not p else f"{name}-{index[p]}"
-
-    def step(p: str, c: str) -> str | None:
-        s = p + c
-        if any(s.endswith(stop) for stop in stops):
-            return None  # a stop, written whole: not text
-        return next(s[k:] for k in range(len(s) + 1) if s[k:] in index)  # the longest part of a stop it ends with
-
-    def closes(p: str) -> bool:
-        s = p + closer
-        return min(at for at in (s.find(stop) for stop in stops) if at >= 0) == len(p)
-
-    lines = []
-    for p in states:
-        moves = {c: step(p, c) for c in alphabet}
-        own = [c for c, q in moves.items() if q != ""]  # characters that do not take the text back to ""
-        alts = [f"[^{''.join(_class_char(c) for c in own)}] {name}"]  # own: at least the next character of a stop
-        alts += [f"{literal(c)} {rule(q)}" for c, q in moves.items() if q]
-        lines.append(f"{rule(p)} ::= (" + " | ".join(alts) + (")?" if closes(p) else ")"))
-    return "\n".join(lines)
-
-
-def _class_char(c: str) -> str:
-    """A character inside a GBNF character class; one the class syntax gives a meaning to, escaped."""
-    if c.isalnum() or c in "<>|:{}!#%&'()*+,./;=?@_`~ ":
-        return c
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"

@@ -24,23 +24,19 @@ import re
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import cast_value, dumps
-from swarmtune.engine.conversation.formats.grammar import literal, tool_parts
+from swarmtune.engine.conversation.formats.grammar import BLANK, SPACES, Closer, literal, text_without, tool_parts
 from swarmtune.engine.conversation.formats.qwen_xml import (
-    BLANK,
     CALL,
     CLOSE,
     NOT_CALL,
     OPEN,
-    SPACES,
     UNFINISHED,
-    Closer,
     Outcome,
     TaggedCalls,
     check_name,
     expect,
     parameters,
     skip_space,
-    text_rules,
     text_value,
 )
 from swarmtune.engine.conversation.formats.reply import ReplyContext, ToolCall, new_call_id
@@ -67,14 +63,14 @@ class Glm(TaggedCalls):
         `</tool_call>`; with or without a newline after the name, each tag pair and each call (GLM-4.5/4.6,
         Ling 3 and Laguna write them, 4.7/5.x do not). A string value is any text the parser reads back whole
         (VALUE_TEXT), verbatim; another value the JSON its schema allows."""
-        rules = [text_rules(VALUE_TEXT, "text"), 'nl ::= "\\n"?']
+        rules = [text_without("text", VALUE_TEXT), 'nl ::= "\\n"?']
         functions = []
         for i, (name, params) in enumerate(tool_parts(tools)):
             check_name(name, "<" + BLANK, "tool name")
             parts = []
             for j, (key, schema, required) in enumerate(parameters(params)):
                 check_name(key, "<", f"{name}'s parameter name")
-                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text-0")
+                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text")
                 rules.append(value_rules)
                 arg = f"nl {literal(KEY + key + KEY_END)} nl {literal(VALUE)} {value} {literal(VALUE_END)}"
                 parts.append(arg if required else f"({arg})?")

@@ -26,8 +26,7 @@ import re
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, dumps
-from swarmtune.engine.conversation.formats.gemma4 import text_without
-from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, text_without, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
 START, END, MESSAGE = "<|start|>", "<|end|>", "<|message|>"
@@ -78,7 +77,7 @@ class Harmony(Format):
         return "\n".join([
             *rules,
             # the reader ends a text message at <|end|>, or at a stop token that the next message follows
-            text_without([END, CALL + START, RETURN + START], END, "text"),
+            text_without("text", [END, CALL + START, RETURN + START], then=END),
             f"analysis ::= {literal(CHANNEL + 'analysis' + MESSAGE)} text {message}",
             f"preamble ::= {literal(CHANNEL + 'commentary' + MESSAGE)} text {message}",
             f"channel ::= {literal(CHANNEL)} (\"commentary\" | \"analysis\")",

@@ -22,8 +22,8 @@ block, for the thinking models."""
 from typing import Any
 
 from swarmtune.engine.conversation.formats.base import Format, cast_value, dumps
-from swarmtune.engine.conversation.formats.deepseek_dsml import json_value_rules, text_without, value_kinds, with_defs
-from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
+from swarmtune.engine.conversation.formats.deepseek_dsml import value_kinds, with_defs
+from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, text_without, tool_parts
 from swarmtune.engine.conversation.formats.llama3 import BAD, CUT, load_json, scan_json, skip_ws
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 
@@ -255,7 +255,7 @@ class KimiK3(Format):
                 if may_other:
                     # where a string is allowed too, a JSON string would be read back as its text, quotes and all
                     json_schema = _no_strings(schema) if may_string else schema
-                    body, root = json_value_rules(with_defs(json_schema, params), f"t{i}-a{j}", "k3-json-text")
+                    body, root = schema_rules(with_defs(json_schema, params), f"t{i}-a{j}", string_text="k3-json-text")
                     rules.append(body)
                     types = " | ".join(literal(t + '"' + SEP) for t in _xtml_types(schema))
                     alts.append(f"({types}) {root}")

@@ -25,21 +25,26 @@ which does not think, sometimes leaves out the `<tool_call>` opener: a `<functio
 opens a call there (llama.cpp's Qwen3-Coder triggers).
 
 The call grammar writes the template's layout, the parameters in the schema's order (llama.cpp's takes the
-required ones in any order). A string value is any text but what the parser would end it at (text_rules: an
-automaton over the closers, so code full of `<` and even a `</parameter>` stays writable); any other value is
+required ones in any order). A string value is any text but what the parser would end it at (grammar.text_without:
+an automaton over the closers, so code full of `<` and even a `</parameter>` stays writable); any other value is
 the JSON its schema allows, as cast_value reads it back.
 
 The scan (TaggedCalls) and the grammar's text values are shared with GLM's format (formats/glm.py), whose calls
 are tagged the same way."""
 
-import functools
 import re
 from abc import abstractmethod
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from swarmtune.engine.conversation.formats.base import Format, _types, cast_value, dumps
-from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, tool_parts
+from swarmtune.engine.conversation.formats.grammar import (
+    SPACES,
+    Closer,
+    literal,
+    schema_rules,
+    text_without,
+    tool_parts,
+)
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 from swarmtune.engine.errors import UserError
 
@@ -145,14 +150,14 @@ class QwenXml(TaggedCalls):
         </parameter>\\n` (required ones always, optional ones may be left out, in the schema's order), then
         `</function>\\n</tool_call>`; calls separated by a newline, as the template joins them. A string value
         is any text the parser reads back whole (VALUE_TEXT), another value the JSON its schema allows."""
-        rules = [text_rules(VALUE_TEXT, "text", before="\n")]
+        rules = [text_without("text", VALUE_TEXT, before="\n")]
         functions = []
         for i, (name, params) in enumerate(tool_parts(tools)):
             check_name(name, "<>\n", "tool name")
             parts = []
             for j, (key, schema, required) in enumerate(parameters(params)):
                 check_name(key, "<>\n", f"{name}'s parameter name")
-                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text-0", python_words=True)
+                value_rules, value = text_value(schema, params, f"f{i}-v{j}", "text", python_words=True)
                 rules.append(value_rules)
                 arg = f"{literal(PARAMETER + key + '>' + chr(10))} {value} {literal(chr(10) + PARAMETER_END + chr(10))}"
                 parts.append(arg if required else f"({arg})?")
@@ -259,10 +264,6 @@ class QwenCoderXml(QwenXml):
 
 # Grammar: the pieces of a call whose values are text (Qwen's XML, GLM's pairs)
 
-SPACES = None  # in a Closer: any run of blank space (the parser's `\s*`)
-Closer = tuple[str | None, ...]
-# what Python's `\s` matches, as the parsers' regexes read blank space (no character above U+3000 is blank)
-BLANK = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 # what ends a Qwen value as the parser reads it (_VALUE_END), a value's own text must not hold: a
 # </parameter> before the next parameter or the call's end, a parameter on a line of its own, the call's end.
 # `\n<parameter=` stands for `\n<parameter=NAME>` (the grammar refuses a little more than the parser reads)
@@ -274,97 +275,6 @@ VALUE_TEXT: tuple[Closer, ...] = (
 # the keywords that say nothing of a value's type: a schema of these alone takes any text, as cast_value reads it
 _ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated", "readOnly",
                           "writeOnly"})
-
-
-@functools.cache
-def text_rules(closers: Sequence[Closer], prefix: str, before: str = "") -> str:
-    """GBNF for any text (empty too) that holds none of `closers`, read as following `before` (the markup
-    a parser's search starts in): rule `{prefix}-0`. A right-linear grammar of the automaton that tracks how
-    much of a closer the text has just written, so any other text, `<` and the closers' pieces included, is
-    free. Rules `{prefix}-N`."""
-    atoms = [tuple(a for piece in c for a in ((None,) if piece is None else tuple(piece))) for c in closers]
-
-    def spread(states: set[tuple[int, int]]) -> set[tuple[int, int]]:
-        out: set[tuple[int, int]] = set()
-        todo = list(states)
-        while todo:
-            p, i = todo.pop()
-            if (p, i) not in out:
-                out.add((p, i))
-                if i < len(atoms[p]) and atoms[p][i] is None:
-                    todo.append((p, i + 1))  # a run of blanks may be empty
-        return out
-
-    ground = frozenset(spread({(p, 0) for p in range(len(atoms))}))
-
-    def step(state: frozenset[tuple[int, int]], ch: str) -> frozenset[tuple[int, int]] | None:
-        """The state after `ch`; None where the text then holds a whole closer."""
-        nxt = set(ground)  # a closer may start anywhere
-        for p, i in state:
-            if i < len(atoms[p]):
-                a = atoms[p][i]
-                if a is None and ch in BLANK:
-                    nxt.add((p, i))
-                elif a == ch:
-                    nxt.add((p, i + 1))
-        out = spread(nxt)
-        return None if any(i == len(atoms[p]) for p, i in out) else frozenset(out)
-
-    # the characters fall in classes that move the automaton alike: each character a closer spells; the other
-    # blanks (where a closer allows a run of them); everything else
-    spelled = sorted({a for c in atoms for a in c if a is not None})
-    blanks = "".join(c for c in BLANK if c not in spelled) if any(None in c for c in atoms) else ""
-    other = next(chr(cp) for cp in range(0xE000, 0xF900) if chr(cp) not in spelled)  # a private-use stand-in
-    classes = [(ch, ch) for ch in spelled] + ([(blanks[0], blanks)] if blanks else []) + [(other, "")]
-
-    start: frozenset[tuple[int, int]] | None = ground
-    for ch in before:
-        assert start is not None
-        start = step(start, ch)
-    assert start is not None, "the markup before a value holds no closer"
-    ids = {start: 0}
-    queue = [start]
-    lines = []
-    while queue:
-        state = queue.pop(0)
-        groups: dict[int, list[str]] = {}  # target state: the classes (by their stand-in) that lead there
-        for rep, _ in classes:
-            target = step(state, rep)
-            if target is not None:
-                if target not in ids:
-                    ids[target] = len(ids)
-                    queue.append(target)
-                groups.setdefault(ids[target], []).append(rep)
-        alternatives = [""]  # the text may end in any state
-        for target_id, reps in groups.items():
-            if other in reps:  # everything but the classes that go elsewhere (or nowhere)
-                chars = "".join(members for rep, members in classes if rep not in reps)
-                cls = f"[^{_class(chars)}]"
-            else:
-                cls = f"[{_class(''.join(members for rep, members in classes if rep in reps))}]"
-            alternatives.append(f"{cls} {prefix}-{target_id}")
-        lines.append(f"{prefix}-{ids[state]} ::= " + " | ".join(alternatives))
-    return "\n".join(lines)
-
-
-def _class(chars: str) -> str:
-    """The body of a GBNF character class holding `chars`, runs of code points as ranges."""
-    cps = sorted({ord(c) for c in chars})
-    out, i = [], 0
-    while i < len(cps):
-        j = i
-        while j + 1 < len(cps) and cps[j + 1] == cps[j] + 1:
-            j += 1
-        out.append(_class_char(cps[i]) + (f"-{_class_char(cps[j])}" if j > i else ""))
-        i = j + 1
-    return "".join(out)
-
-
-def _class_char(cp: int) -> str:
-    c = chr(cp)
-    if c.isascii() and (c.isalnum() or c in "<>/=_.,:;!?@#$%&*()+{}|~'` "):
-        return c
-    return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else f"\\U{cp:08X}"
 
 
 def parameters(params: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
@@ -399,10 +309,7 @@ def text_value(schema: dict[str, Any], params: dict[str, Any], prefix: str, text
     for key in ("$defs", "definitions"):
         if key in params and key not in doc:
             doc[key] = params[key]
-    rules, root = schema_rules(doc, prefix)
-    # llama-cpp-python's converter lets a JSON string hold raw control characters, which json.loads (and so
-    # cast_value) refuses: held to JSON's own rule, as llama.cpp's converter writes it
-    rules = rules.replace('-char ::= [^"\\\\]', '-char ::= [^"\\\\\\x7F\\x00-\\x1F]')
+    rules, root = schema_rules(doc, prefix)  # its strings as strict as cast_value's json.loads
     words = ['"True"', '"False"'] if "boolean" in types else []
     words += ['"None"'] if "null" in types else []
     if python_words and words and "enum" not in schema and "const" not in schema:
