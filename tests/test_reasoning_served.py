@@ -100,6 +100,35 @@ def test_anthropic_thinking_blocks_with_a_signature(server):
     assert back.stop_reason in ("end_turn", "max_tokens")
 
 
+def test_anthropic_and_responses_tool_calls_round_trip(server):
+    """A call held to the family's grammar (any / required) comes back as a tool_use block and as a
+    function_call item, and its result goes back in each API's own shape."""
+    a = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    tool = {"name": "read_file", "description": "Read a file", "input_schema": READ["function"]["parameters"]}
+    m = a.messages.create(model="m", max_tokens=200, messages=ASK, tools=[tool], tool_choice={"type": "any"},
+                          thinking={"type": "disabled"}, extra_body={"temperature": 0.0})
+    use = next(b for b in m.content if b.type == "tool_use")
+    assert m.stop_reason == "tool_use" and use.name == "read_file" and use.input["path"] in ("a.py", "b.py")
+    back = a.messages.create(model="m", max_tokens=2, tools=[tool], messages=[*ASK, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": use.id, "content": "print('hi')"}]}])
+    assert back.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    o = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    fn = {"type": "function", **READ["function"]}
+    r = o.responses.create(model="m", input="Open a.py.", tools=[fn], tool_choice="required", max_output_tokens=200,
+                           temperature=0.0, reasoning={"effort": "none"})
+    call = next(i for i in r.output if i.type == "function_call")
+    assert call.name == "read_file" and json.loads(call.arguments)["path"] in ("a.py", "b.py")
+    events = list(o.responses.create(model="m", input="Open a.py.", tools=[fn], tool_choice="required",
+                                     max_output_tokens=200, temperature=0.0, reasoning={"effort": "none"},
+                                     stream=True))
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert done == [call.arguments]
+    again = o.responses.create(model="m", previous_response_id=r.id, max_output_tokens=2, tools=[fn], input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "print('hi')"}])
+    assert again.status in ("completed", "incomplete")
+
+
 def test_responses_reasoning_items_whole_streamed_and_sent_back(server):
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     r = c.responses.create(model="m", input="Open a.py.", max_output_tokens=8, temperature=0.0)
@@ -135,3 +164,23 @@ def test_a_call_that_did_not_parse_is_recorded_with_its_text():
     rec = request_record(req, 1.0, req.arrival + 1)
     assert rec.family == "qwen3-hermes" and "ended inside a call" in rec.call_miss
     assert rec.call_miss_text.endswith('{"path": ')
+
+
+def test_a_template_file_replaces_the_ggufs_and_a_bad_one_fails_in_one_line(tmp_path):
+    """--chat-template-file: a GGUF whose template is no family's (Llama 2's [INST]) served with Qwen3.5's from a
+    file renders and reads as Qwen3.5; a file that is missing, or does not parse, is one line and exit 2."""
+    from tests.conftest import run_cli
+
+    path = llama_dense(tmp_path / "plain.gguf", "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}")
+    (tmp_path / "qwen35.jinja").write_text(template("Qwen3.5-4B.jinja"))
+    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "2",
+                "--chat-template-file", str(tmp_path / "qwen35.jinja")) as s:
+        meta = httpx.get(s.url + "/v1/models", timeout=30).json()["data"][0]["meta"]
+        assert meta["tool_call_format"] == "qwen3-xml" and "--chat-template-file" in meta["chat_template"]
+        assert prompt_of(s).endswith("<|im_start|>assistant\n<think>\n")
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
+    for name, needle in (("none.jinja", "No such file"), ("broken.jinja", "does not parse")):
+        out = run_cli("serve", "--clients", "--model", str(path), "--port", "0", "--chat-template-file",
+                      str(tmp_path / name), timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
