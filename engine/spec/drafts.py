@@ -10,17 +10,12 @@ from typing import TYPE_CHECKING
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.errors import UserError
+from swarmtune.engine.spec.draft_model_limits import DRAFT_CALL_TOKENS
 from swarmtune.engine.spec.draft_policy import DraftPolicy
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter
 
 if TYPE_CHECKING:
     from swarmtune.engine.spec.model_drafter import ModelDrafter
-
-DRAFT_CALL_TOKENS = 512  # rows a draft-model call carries: a long new history is brought level in calls of this many
-# drafting stops below this top-token probability: llama.cpp's --spec-draft-p-min (0 in the pinned version, no
-# cut; 0.75 in its older ones): a guess that unsure costs a verified row more often than it gains one
-P_MIN = 0.75
-
 
 class Drafts:
     def __init__(self, backend: Backend, turn_left: Callable[[Agent], int]) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.spec.drafts import DRAFT_CALL_TOKENS, P_MIN
+from swarmtune.engine.spec.draft_model_limits import DRAFT_CALL_TOKENS, P_MIN
 
 
 def vocab_mismatch(target: Any, draft: Any) -> str | None:
