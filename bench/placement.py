@@ -38,7 +38,8 @@ os.environ.setdefault("SWARMTUNE_CHECK", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from machine import cpu_name  # noqa: E402
 
-from swarmtune.engine.agents.served import ServedAgents, ServedRequest  # noqa: E402
+from swarmtune.engine.agents.served import ServedAgents  # noqa: E402
+from swarmtune.engine.agents.served_request import ServedRequest  # noqa: E402
 from swarmtune.engine.backends.sim_backend import SimBackend  # noqa: E402
 from swarmtune.engine.conversation.sampling import SamplingParams  # noqa: E402
 from swarmtune.engine.engine import Engine, EngineSettings  # noqa: E402

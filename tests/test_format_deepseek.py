@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 
 from swarmtune.engine.agents.prompt import PromptRenderer
-from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import Finished, ServedRequest
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.deepseek import DeepSeek, Variant

@@ -373,7 +373,8 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: 
     import jsonschema
 
     from swarmtune.engine.agents.prompt import PromptRenderer
-    from swarmtune.engine.agents.served import Finished, ServedAgents, ServedRequest
+    from swarmtune.engine.agents.served import ServedAgents
+    from swarmtune.engine.agents.served_request import Finished, ServedRequest
     from swarmtune.engine.backends.llama_backend import LlamaBackend
     from swarmtune.engine.conversation.formats.reader import ReplyReader
     from swarmtune.engine.conversation.sampling import SamplingParams

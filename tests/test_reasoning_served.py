@@ -152,7 +152,7 @@ def test_litellm_sees_reasoning_content(server):
 
 def test_a_call_that_did_not_parse_is_recorded_with_its_text():
     """A call the model began and broke: its record says why and keeps the text; the agents panel's miss too."""
-    from swarmtune.engine.agents.served import ServedRequest, request_record
+    from swarmtune.engine.agents.served_request import ServedRequest, request_record
     from swarmtune.engine.conversation.formats.hermes import Hermes
     from swarmtune.engine.conversation.formats.reader import ReplyReader
     from swarmtune.engine.conversation.formats.reply import ReplyContext

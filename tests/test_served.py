@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmtune.engine.agents.served import Busy, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import Busy, Delta, Finished, ServedRequest
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.sampling import SamplingParams

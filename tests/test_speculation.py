@@ -532,3 +532,34 @@ def test_the_flags_printed_for_other_engines_carry_the_speculation_held():
     cfg = js.loads(vllm.flags[vllm.flags.index("--speculative-config") + 1])
     assert cfg == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
     assert any("speculation" in n for n in zinc.notes)
+
+
+@pytest.mark.model
+def test_served_greedy_call_under_a_lazy_grammar_with_drafts_is_the_call_without(tmp_path):
+    """tool_choice auto: the call's grammar waits for the model to begin a call, then holds it (issue 67);
+    drafts ride its steps before and after the trigger, and the reply is the same as without them."""
+    import openai
+
+    from tests.remote_helpers import served
+
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app.py"}}\n</tool_call>'
+    msgs = [{"role": "user", "content": f"Reply with exactly this and nothing else:\n{call}\nAgain:\n{call}"}]
+    flags = ("--clients", "--agents", "2", "--ctx", "1024", "--threads", "2", "--check")
+
+    def ask(url: str) -> tuple[str | None, list[tuple[str, str]]]:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="anything")
+        m = c.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=60,
+                                      temperature=0).choices[0].message
+        return m.content, [(t.function.name, t.function.arguments) for t in m.tool_calls or []]
+
+    with served(*flags) as s:
+        want = ask(s.url)
+    rec = tmp_path / "r.jsonl"
+    with served(*flags, "--draft", "8", "--record", str(rec)) as s:
+        got = ask(s.url)
+    assert want[1] and json.loads(want[1][0][1]) == {"path": "src/app.py"}  # the model began a call: held, parsed
+    assert got == want
+    steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
+    assert sum(st["drafted"] for st in steps) > 0

@@ -15,7 +15,7 @@ from swarmtune.engine.conversation.cache_miss import CacheMiss
 from swarmtune.engine.conversation.token_hashes import common_prefix
 
 if TYPE_CHECKING:
-    from swarmtune.engine.agents.served import ServedRequest
+    from swarmtune.engine.agents.served_request import ServedRequest
 
 # displaced conversations remembered, to say so when one comes back: each new conversation is compared with
 # them token by token on the engine's thread, as with every free agent, so they are few

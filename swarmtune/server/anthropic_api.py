@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished
+from swarmtune.engine.agents.served_request import Busy, Closed, Delta, Finished
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.formats.reply import Reply, ToolCall
 from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, ToolPlan, account, plan_tools, template_variables

@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import Request
 
 from swarmtune.engine.agents.prompt import PromptRenderer
-from swarmtune.engine.agents.served import Closed, Delta, Finished, ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import Closed, Delta, Finished, ServedRequest
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.formats.base import Format
 from swarmtune.engine.conversation.formats.grammar import literal

@@ -6,7 +6,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from swarmtune.engine.agents.served import ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import ServedRequest
 from swarmtune.engine.records import RequestRecord
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.spec_metrics import spec_counters

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from swarmtune.engine.agents.served import Busy, Closed, Delta, Finished, ServedRequest, Usage
+from swarmtune.engine.agents.served_request import Busy, Closed, Delta, Finished, ServedRequest, Usage
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.formats.reply import Reply, ToolCall, new_call_id
 from swarmtune.server.bridge import AGENT_HEADER, Bridge, Sampling, account, plan_tools, template_variables

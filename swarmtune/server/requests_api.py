@@ -10,7 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 
-from swarmtune.engine.agents.served import ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import ServedRequest
 from swarmtune.engine.records import RequestRecord
 
 KEPT_RECORDS = 4096

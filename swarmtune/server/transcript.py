@@ -7,7 +7,8 @@ import json
 import threading
 from pathlib import Path
 
-from swarmtune.engine.agents.served import ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import ServedRequest
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.records import RequestRecord
 

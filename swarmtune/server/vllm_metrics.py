@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from swarmtune.engine.agents.served import ServedAgents, ServedRequest
+from swarmtune.engine.agents.served import ServedAgents
+from swarmtune.engine.agents.served_request import ServedRequest
 from swarmtune.engine.records import RequestRecord
 from swarmtune.server.bridge import model_id
 from swarmtune.server.runner import EngineRunner
