@@ -7,9 +7,9 @@ both sides. Each reply is one of: a call whose arguments validate against its to
 (one that names no offered tool or does not validate, or call markup left in the content: `<tool_call>`,
 `{"name"`, the tools' listing `"function": {`, the offered preamble); or an answer in text. Under "auto"
 swarmtune holds a call with a lazy grammar once the model begins one (engine/conversation/formats/);
-"required" holds it from the first token. The cost: one agent alone decoding the same number of tokens with a JSON grammar and without (timed by
-the client from first to last token), in ms per token. llama-server is built from the pinned sdist where
-missing (~11 minutes).
+"required" holds it from the first token. The cost: one agent alone decoding the same number of tokens with a
+JSON grammar and without (timed by the client from first to last token), in ms per token. llama-server is
+built from the pinned sdist where missing (~11 minutes).
 
     python bench/tool_calls.py [--requests 24] [--max-tokens 128] [--no-llama-server]
 """
