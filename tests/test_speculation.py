@@ -535,31 +535,24 @@ def test_the_flags_printed_for_other_engines_carry_the_speculation_held():
 
 
 @pytest.mark.model
-def test_served_greedy_call_under_a_lazy_grammar_with_drafts_is_the_call_without(tmp_path):
-    """tool_choice auto: the call's grammar waits for the model to begin a call, then holds it (issue 67);
-    drafts ride its steps before and after the trigger, and the reply is the same as without them."""
-    import openai
+def test_drafts_a_lazy_call_grammar_rejects_are_cut_past_its_trigger(llama_backend):
+    """tool_choice auto (issue 67): the call's grammar waits for the model to begin a call. Drafts before the
+    trigger are free; past it, a draft is cut at the first token the call's grammar refuses (an unoffered
+    tool), as issue 52's rule cuts them under a grammar held from the first token."""
+    from swarmtune.engine.conversation.formats.hermes import Hermes
 
-    from tests.remote_helpers import served
-
-    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
-    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app.py"}}\n</tool_call>'
-    msgs = [{"role": "user", "content": f"Reply with exactly this and nothing else:\n{call}\nAgain:\n{call}"}]
-    flags = ("--clients", "--agents", "2", "--ctx", "1024", "--threads", "2", "--check")
-
-    def ask(url: str) -> tuple[str | None, list[tuple[str, str]]]:
-        c = openai.OpenAI(base_url=url + "/v1", api_key="anything")
-        m = c.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=60,
-                                      temperature=0).choices[0].message
-        return m.content, [(t.function.name, t.function.arguments) for t in m.tool_calls or []]
-
-    with served(*flags) as s:
-        want = ask(s.url)
-    rec = tmp_path / "r.jsonl"
-    with served(*flags, "--draft", "8", "--record", str(rec)) as s:
-        got = ask(s.url)
-    assert want[1] and json.loads(want[1][0][1]) == {"path": "src/app.py"}  # the model began a call: held, parsed
-    assert got == want
-    steps = [json.loads(x) for x in rec.read_text().splitlines()[1:] if '"type":"step"' in x]
-    assert sum(st["drafted"] for st in steps) > 0
+    read = {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    b = llama_backend
+    b.open(KVSetting.parse("f16"), 1, 256)
+    fmt = Hermes()
+    b.set_sampler(0, SamplingParams(temperature=0.0, grammar=fmt.call_grammar([read], False),
+                                    grammar_triggers=fmt.triggers()))
+    free = b.tokenize("Sure, let me look at {\"name\": \"rm_rf\"} first. ")
+    call = b.tokenize('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
+    bad = b.tokenize('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')
+    assert b.samplers.grammar_allows(0, free + call) == len(free + call)
+    cut = b.samplers.grammar_allows(0, free + bad)
+    assert len(free) < cut < len(free + bad)  # the trigger passed, the name it refuses cut
+    kept = "".join(b.piece(t) for t in (free + bad)[:cut])
+    assert kept.endswith('"name": "r') or kept.endswith('"name": "')
