@@ -222,3 +222,11 @@ def test_a_template_that_opened_thinking_holds_the_call_only_past_its_end(tmp_pa
         assert reader.whole(drafted + call).calls[0].name == "read_file"
     finally:
         check.close()
+
+
+def test_a_call_cut_inside_its_closer_is_neither_a_call_nor_content():
+    """max_tokens cut a third call in `</tool_`: the two whole calls stand, the third is dropped and said."""
+    one = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    reader = ReplyReader(pick(TEMPLATES["qwen3-hermes"]).fmt, ReplyContext(tools=(READ,)), "qwen3-hermes")
+    r = reader.whole(f"{one}\n{one}\n\n{one[:-5]}")
+    assert len(r.calls) == 2 and r.content == "" and "ended inside a call" in r.broken

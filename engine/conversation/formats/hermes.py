@@ -71,7 +71,7 @@ def _block(text: str, at: int, final: bool) -> tuple[str, ToolCall | None, int]:
         close = text.find(CLOSE, body) if final else -1
         return (_CLOSED, None, close + len(CLOSE)) if close >= 0 else (_OPEN_BLOCK, None, -1)
     after = _skip_space(text, end)
-    if after == len(text):
+    if len(text) - after < len(CLOSE) and CLOSE.startswith(text[after:]):  # its closer not (all) written yet
         return _OPEN_BLOCK, None, -1
     if not text.startswith(CLOSE, after):
         return _CLOSED, None, after
