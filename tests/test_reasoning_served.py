@@ -184,3 +184,13 @@ def test_a_template_file_replaces_the_ggufs_and_a_bad_one_fails_in_one_line(tmp_
                       str(tmp_path / name), timeout=120)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_reasoning_format_none_leaves_the_reasoning_in_the_content(tmp_path):
+    """--reasoning-format none, as llama-server's: the reply as the model wrote it, nothing split off."""
+    path = llama_dense(tmp_path / "qwen35.gguf", template("Qwen3.5-4B.jinja"))
+    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "2",
+                "--reasoning-format", "none") as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        m = c.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0.0).choices[0].message
+    assert m.content and not (m.model_extra or {}).get("reasoning_content")

@@ -81,6 +81,12 @@ def test_a_stream_holds_a_call_back_and_gives_it_whole_at_the_end():
     assert sent.strip() == "Let me look." and "<tool" not in sent and len(calls) == 2
 
 
+def test_a_template_of_no_known_family_is_read_as_hermes_and_says_so():
+    picked = pick("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}")
+    assert not picked.known and picked.fmt.name == "qwen3-hermes"
+    assert picked.label == "unknown (read as qwen3-hermes)"
+
+
 def test_without_tools_a_call_stays_content_and_reasoning_is_still_split():
     picked = pick(TEMPLATES["qwen3-hermes"])
     r = ReplyReader(picked.fmt, ReplyContext(calls=False), picked.label).whole("<think>hm</think>\n" + HERMES)
