@@ -28,7 +28,7 @@ ASK = [{"role": "user", "content": "Open a.py."}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = llama_dense(tmp_path_factory.mktemp("qwen35") / "qwen35.gguf", template("Qwen3.5-4B.jinja"))
-    with served("--clients", "--model", str(path), "--agents", "2", "--ctx", "2048", "--threads", "2") as s:
+    with served("--clients", "--model", str(path), "--agents", "2", "--ctx", "2048", "--threads", "1") as s:
         yield s
 
 
@@ -173,7 +173,7 @@ def test_a_template_file_replaces_the_ggufs_and_a_bad_one_fails_in_one_line(tmp_
 
     path = llama_dense(tmp_path / "plain.gguf", "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}")
     (tmp_path / "qwen35.jinja").write_text(template("Qwen3.5-4B.jinja"))
-    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "2",
+    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "1",
                 "--chat-template-file", str(tmp_path / "qwen35.jinja")) as s:
         meta = httpx.get(s.url + "/v1/models", timeout=30).json()["data"][0]["meta"]
         assert meta["tool_call_format"] == "qwen3-xml" and "--chat-template-file" in meta["chat_template"]
@@ -189,7 +189,7 @@ def test_a_template_file_replaces_the_ggufs_and_a_bad_one_fails_in_one_line(tmp_
 def test_reasoning_format_none_leaves_the_reasoning_in_the_content(tmp_path):
     """--reasoning-format none, as llama-server's: the reply as the model wrote it, nothing split off."""
     path = llama_dense(tmp_path / "qwen35.gguf", template("Qwen3.5-4B.jinja"))
-    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "2",
+    with served("--clients", "--model", str(path), "--agents", "1", "--ctx", "1024", "--threads", "1",
                 "--reasoning-format", "none") as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
         m = c.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0.0).choices[0].message
