@@ -236,3 +236,61 @@ def test_a_call_cut_inside_its_closer_is_neither_a_call_nor_content():
     reader = ReplyReader(pick(TEMPLATES["qwen3-hermes"]).fmt, ReplyContext(tools=(READ,)), "qwen3-hermes")
     r = reader.whole(f"{one}\n{one}\n\n{one[:-5]}")
     assert len(r.calls) == 2 and r.content == "" and "ended inside a call" in r.broken
+
+
+def test_without_tools_nothing_is_held_as_a_call_and_channels_are_still_read():
+    """No tools offered: a Llama 3 reply that is JSON streams as it comes (nothing waits to be a call), and
+    gpt-oss's analysis is still reasoning and its final channel the content."""
+    from llama_templates import template
+
+    llama = pick(template("meta-llama-Llama-3.3-70B-Instruct.jinja")).fmt
+    s = ReplyReader(llama, ReplyContext(calls=False), "llama").stream()
+    assert s.feed('{"name": "Ada", "age": 3').content == '{"name": "Ada", "age": 3'
+    harmony = pick(template("openai-gpt-oss-120b.jinja")).fmt
+    r = ReplyReader(harmony, ReplyContext(calls=False), "gpt-oss").whole(
+        "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi.")
+    assert (r.reasoning, r.content, r.calls) == ("Think.", "Hi.", ())
+
+
+def test_a_reply_no_parser_can_read_is_content_not_a_crash():
+    """A number past Python's 4,300-digit limit (json and int() raise ValueError): content, said."""
+    big = "9" * 5000
+    for text in (f'<tool_call>\n{{"name": "read_file", "arguments": {{"lines": {big}}}}}\n</tool_call>',):
+        r = ReplyReader(pick(TEMPLATES["qwen3-hermes"]).fmt, ReplyContext(tools=(READ,)), "qwen3-hermes").whole(text)
+        assert r.calls == () and r.content
+
+
+@pytest.mark.model
+def test_a_token_completing_a_trigger_the_grammar_refuses_never_reaches_llama_cpp(llama_backend):
+    """SmolLM2 spells `<tool_call>` in pieces and has a `><` token: after `<tool_call`, `><` completes the lazy
+    grammar's trigger with a `<` the call's grammar refuses. Accepted, llama.cpp's grammar throws from inside
+    the sampler and the process aborts (tests/test_tools.py's subprocess below shows it); the watch on the host
+    (engine/backends/lazy_trigger.py) refuses it first, in draws and in drafts alike."""
+    import subprocess
+    import sys
+
+    from swarmtune.engine.conversation.formats.hermes import Hermes
+    from swarmtune.engine.conversation.sampling import SamplingParams
+    from swarmtune.engine.kv_types import KVSetting
+
+    b = llama_backend
+    b.open(KVSetting.parse("f16"), 1, 256)
+    fmt = Hermes()
+    grammar = fmt.call_grammar([READ], False)
+    b.set_sampler(0, SamplingParams(temperature=0.0, grammar=grammar, grammar_triggers=fmt.triggers()))
+    head, glued = b.tokenize("Sure <tool_call"), b.tokenize("><")
+    assert len(glued) == 1, "the vocabulary has a `><` token"
+    assert b.samplers.grammar_allows(0, head + glued) == len(head)  # the draft is cut before it
+    ok = b.tokenize('>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
+    assert b.samplers.grammar_allows(0, head + ok) == len(head + ok)
+    # without the watch: llama.cpp itself, given that token, aborts the process
+    script = ("import llama_cpp as ll, ctypes, sys\\n"
+              "p = ll.llama_model_default_params(); p.vocab_only = True\\n"
+              "m = ll.llama_model_load_from_file(sys.argv[1].encode(), p); v = ll.llama_model_get_vocab(m)\\n"
+              "pats = (ctypes.c_char_p * 1)(b'<tool_call>')\\n"
+              "g = ll.llama_sampler_init_grammar_lazy_patterns(v, sys.argv[2].encode(), b'root', pats, 1, None, 0)\\n"
+              "for t in map(int, sys.argv[3].split(',')): ll.llama_sampler_accept(g, t)\\n"
+              "print('survived')\\n")
+    out = subprocess.run([sys.executable, "-c", script, str(b.facts.path), grammar, ",".join(map(str, head + glued))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "survived" not in out.stdout and "grammar" in out.stderr

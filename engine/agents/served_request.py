@@ -140,7 +140,7 @@ def request_record(req: ServedRequest, now_s: float, end: float) -> RequestRecor
     if (m := req.miss) is not None:
         rec = replace(rec, miss_at=m.at, miss_cause=m.cause, miss_words=m.words, miss_old=m.old, miss_new=m.new)
     if (reader := req.reader) is not None:
-        reply = reader.whole(req.text.text)
+        reply = reader.read(req.text.text)
         rec.family, rec.reasoning_chars = reader.label, len(reply.reasoning)
         if reply.broken:  # a call the model began that did not parse: its text stays, for whoever reads why
             rec.call_miss, rec.call_miss_text = reply.broken, req.text.text[-CALL_TEXT_KEPT:]

@@ -18,6 +18,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from swarmtune.engine.backends.lazy_trigger import LazyTrigger
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.errors import UserError
 
@@ -36,6 +37,7 @@ class Samplers:
         self.ctx: Any = None  # the context whose rows it draws from, and whose graph runs its chains
         self.chains: dict[int, Any] = {}
         self.grammars: dict[int, Any] = {}  # seq -> its grammar sampler, where it has one
+        self.lazy: dict[int, LazyTrigger] = {}  # seq -> where its lazy grammar's trigger fires (lazy_trigger.py)
         self.on_device: set[int] = set()  # seqs whose chain the context runs in its graph
         # chains llama.cpp has set up for a graph: from then on they are its alone (applied on the host they
         # skip their device samplers; set up twice, they abort), so one that moves is cloned, state and all
@@ -65,11 +67,14 @@ class Samplers:
             old = held.pop(seq, None)
             if old is not None:
                 ll.llama_sampler_free(old)
+        self.lazy.pop(seq, None)
         if p.grammar is not None:  # kept apart from the chain: see draw
             g = _grammar(self.vocab, p.grammar, p.grammar_triggers)
             if not g:
                 raise UserError("llama.cpp could not parse the grammar", field="grammar")
             self.grammars[seq] = g
+            if p.grammar_triggers:
+                self.lazy[seq] = LazyTrigger(self.vocab, p.grammar, p.grammar_triggers)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
         # as llama-server does it: every end-of-generation token biased to -inf, first; not under a grammar,
@@ -150,6 +155,7 @@ class Samplers:
             return len(tokens)
         t0 = time.perf_counter()
         probe = ll.llama_sampler_clone(g)
+        lazy = self.lazy[seq].copy() if seq in self.lazy else None
         one, arr = self._one, self._one_arr
         n = 0
         try:
@@ -157,9 +163,11 @@ class Samplers:
                 one.id, one.logit, one.p = ll.llama_token(tok), 1.0, 0.0
                 arr.size, arr.selected, arr.sorted = 1, -1, False
                 ll.llama_sampler_apply(probe, ctypes.byref(arr))
-                if one.logit == -math.inf:
+                if one.logit == -math.inf or (lazy is not None and not lazy.allows(tok)):
                     break
                 ll.llama_sampler_accept(probe, tok)
+                if lazy is not None:
+                    lazy.accepted(tok)
                 n += 1
         finally:
             ll.llama_sampler_free(probe)
@@ -233,9 +241,9 @@ class Samplers:
         one.id, one.logit, one.p = tok, 1.0, 0.0
         self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
         ll.llama_sampler_apply(g, ctypes.byref(self._one_arr))
-        if one.logit != -math.inf:
-            ll.llama_sampler_accept(g, tok)
-            return int(tok)
+        lazy = self.lazy.get(seq)
+        if one.logit != -math.inf and (lazy is None or lazy.allows(tok)):
+            return self._accept(seq, g, int(tok))
         if self._full is None:
             self._full = np.zeros(self.n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         full = self._full
@@ -247,8 +255,28 @@ class Samplers:
         ll.llama_sampler_apply(g, ctypes.byref(arr))
         ll.llama_sampler_apply(self.chains[seq], ctypes.byref(arr))
         tok = int(full["id"][arr.selected])
+        if lazy is not None and not lazy.allows(tok):
+            tok = self._safe_fallback(seq, g, lazy, row)
+        return self._accept(seq, g, tok)
+
+    def _accept(self, seq: int, g: Any, tok: int) -> int:
         ll.llama_sampler_accept(g, tok)
+        if (lazy := self.lazy.get(seq)) is not None:
+            lazy.accepted(tok)
         return tok
+
+    def _safe_fallback(self, seq: int, g: Any, lazy: LazyTrigger, row: int) -> int:
+        """The likeliest token the grammar allows and the trigger's watch too (rare: the draw completed a
+        trigger with text the call's grammar refuses)."""
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+        one = self._one
+        for tok in np.argsort(-logits)[:4096]:
+            one.id, one.logit, one.p = ll.llama_token(int(tok)), 1.0, 0.0
+            self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
+            ll.llama_sampler_apply(g, ctypes.byref(self._one_arr))
+            if one.logit != -math.inf and lazy.allows(int(tok)):
+                return int(tok)
+        return int(next(iter(self._eog_tokens())))  # nothing near the top fits: the reply ends here
 
     def free(self) -> None:
         """Every chain and grammar freed (after the context that ran them)."""
@@ -256,6 +284,7 @@ class Samplers:
             ll.llama_sampler_free(smpl)
         self.chains.clear()
         self.grammars.clear()
+        self.lazy.clear()
         self.on_device.clear()
         self._bound.clear()
 

@@ -7,7 +7,6 @@ another's."""
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,8 +20,7 @@ from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.agents.served_request import Closed, Delta, Finished, ServedRequest
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.formats.base import Format
-from swarmtune.engine.conversation.formats.grammar import literal
-from swarmtune.engine.conversation.formats.hermes import Hermes
+from swarmtune.engine.conversation.formats.grammar import hold
 from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.conversation.sampling import SamplingParams
@@ -65,15 +63,14 @@ class ToolPlan:
     parse: bool  # whether the reply is read for calls
     parallel: bool = True
     triggers: tuple[str, ...] = ()  # the grammar holds from where one matches (lazy, under auto); (): throughout
-    hermes: bool = False  # the grammar writes the call in Hermes' shape, the family's own having no grammar here
     forced: bool = False  # a call from the reply's first token (required, a named function)
 
 
 def plan_tools(tools: list[dict[str, Any]], choice: str, fmt: Format, parallel: bool = True,
                json_schema: dict[str, Any] | None = None, json_output: bool = False) -> ToolPlan:
     """choice: auto | none | required | the name of the one function to call. json_output: the reply is a
-    JSON object (json_schema: one that validates). A call is held to the family's own format; a family whose
-    call grammar swarmtune does not write is held to Hermes' shape under required, and read in it."""
+    JSON object (json_schema: one that validates). A call is held in the family's own shape: from the first
+    token (required, a name), or lazily from where the model begins one (auto)."""
     try:
         grammar = json_grammar(json_schema) if json_output else None
         if not tools or choice == "none":
@@ -86,15 +83,31 @@ def plan_tools(tools: list[dict[str, Any]], choice: str, fmt: Format, parallel: 
                 raise BadRequest(f"tool_choice names {choice!r}, which is not among the tools", "tool_choice")
             chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
             many = parallel and choice == "required"
-            own = fmt.call_grammar(chosen, many)
-            held = own if own is not None else Hermes().call_grammar(chosen, many)
-            return ToolPlan(tools, held, set(names) if choice == "required" else {choice}, True, many,
-                            hermes=own is None, forced=True)
-        if grammar is None and (triggers := fmt.triggers()) and (own := fmt.call_grammar(tools, parallel)):
-            return ToolPlan(tools, own, names, True, parallel, triggers)
+            held = _call_grammar(fmt, chosen, many)
+            if held is None:
+                raise BadRequest(f"tool_choice {choice!r} needs a call grammar, and swarmtune writes none for "
+                                 f"{fmt.name}", "tool_choice")
+            return ToolPlan(tools, held, set(names) if choice == "required" else {choice}, True, many, forced=True)
+        if grammar is None and (triggers := fmt.triggers()):
+            try:
+                own = _call_grammar(fmt, tools, parallel)
+            except UserError:  # a schema no grammar expresses: under auto the call is read, not held
+                own = None
+            if own is not None:
+                return ToolPlan(tools, own, names, True, parallel, triggers)
         return ToolPlan(tools, grammar, names, True, parallel)
     except UserError as e:  # a schema the grammar cannot express
         raise BadRequest(str(e), e.field) from None
+
+
+def _call_grammar(fmt: Format, tools: list[dict[str, Any]], parallel: bool) -> str | None:
+    """The family's call grammar; a tool schema its builder chokes on (a draft-3 `"required": true`, a
+    `minItems` that is no number) is the client's error, said in one line, not a 500."""
+    try:
+        return fmt.call_grammar(tools, parallel)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise UserError(f"a tool's parameters schema cannot be enforced: {type(e).__name__}: {e}"[:200],
+                        field="tools") from None
 
 
 def template_variables(kwargs: dict[str, Any] | None, effort: str | None = None, thinking: bool | None = None,
@@ -204,26 +217,14 @@ class Bridge:
         the reply."""
         ctx = ReplyContext(prompt_tail=prompt.text_end, reasoning=self.chat.reasoning, tools=tuple(plan.offered or ()),
                            calls=plan.parse)
-        picked = self.renderer.picked
-        if plan.hermes:
-            return ReplyReader(Hermes(), ctx, f"{picked.label}, held to qwen3-hermes by the grammar")
-        return ReplyReader(picked.fmt, ctx, picked.label)
+        return ReplyReader(self.renderer.picked.fmt, ctx, self.renderer.picked.label)
 
     @staticmethod
     def held(plan: "ToolPlan", reader: ReplyReader) -> tuple[str | None, tuple[str, ...]]:
-        """What sampling keeps to, and from where, where the prompt left the reply inside a thinking block
-        (as llama-server does when the template forced the block open): a forced call is held from the
-        block's end, and a lazy one triggers only past it, so a call drafted while thinking stays free."""
-        close = reader.fmt.think_close
-        if plan.grammar is None or not plan.parse or not close or not reader.fmt.starts_in_reasoning(reader.ctx):
+        """What sampling keeps to, and from where, once the prompt is known (formats/grammar.py hold)."""
+        if plan.grammar is None or not plan.parse:
             return plan.grammar, plan.triggers
-        if plan.triggers:
-            past = f"^[\\s\\S]*?{re.escape(close)}[\\s\\S]*?"
-            return plan.grammar, tuple(past + (t if "(" in t else f"({t})") for t in plan.triggers)
-        if not plan.forced:
-            return plan.grammar, plan.triggers
-        calls = re.sub(r"^root ::=", "calls ::=", plan.grammar, count=1, flags=re.M)
-        return f"{calls}\nroot ::= {literal(close)} [ \\t\\n]* calls\n", (re.escape(close),)
+        return hold(reader.fmt, reader.ctx, plan.grammar, plan.triggers, plan.forced)
 
     async def prompt(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                      param: str = "messages", limit: int | None = None,

@@ -30,6 +30,12 @@ class Format(ABC):
     @abstractmethod
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply: ...
 
+    def parse_without_calls(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
+        """A reply to a request that offered no tools: its reasoning split off, the rest content as written
+        (nothing held back as a call). A format whose reasoning is not a block at the start overrides it."""
+        reasoning, rest = self.split_reasoning(text, ctx)
+        return Reply(rest, reasoning)
+
     def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str | None:
         """GBNF whose root is a call of one of these tools (one or more, where parallel) in this family's own
         format, from call_start on, its arguments validating against the tool's schema; None where swarmtune
@@ -86,7 +92,7 @@ def json_call(obj: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters"))
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or an integer past Python's digit limit
             return None
     if not isinstance(args, dict):
         return None
@@ -101,11 +107,12 @@ def loads_object(text: str) -> dict[str, Any] | None:
     """A JSON object, or None where the text is not exactly one."""
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
         return None
     return obj if isinstance(obj, dict) else None
 
 
+MAX_NUMBER_CHARS = 4000  # past Python's 4,300-digit limit int() raises; such a "number" stays text
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 
 
@@ -117,7 +124,7 @@ def cast_value(text: str, schema: dict[str, Any] | None) -> Any:
     if types == {"string"}:
         return text
     stripped = text.strip()
-    if types & {"integer", "number"} and _NUMBER.fullmatch(stripped):
+    if types & {"integer", "number"} and _NUMBER.fullmatch(stripped) and len(stripped) <= MAX_NUMBER_CHARS:
         value = json.loads(stripped)
         if "integer" in types and "number" not in types and isinstance(value, float) and value.is_integer():
             return int(value)
@@ -128,7 +135,7 @@ def cast_value(text: str, schema: dict[str, Any] | None) -> Any:
         return None
     try:
         value = json.loads(stripped)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
         return text
     if types and "string" in types and not isinstance(value, (dict, list)):
         return text

@@ -262,7 +262,7 @@ def _fenced_json(text: str) -> dict[str, Any] | None:
         body = body.lstrip()
     try:
         obj, end = _DECODER.raw_decode(body)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
         return None
     tail = body[end:].strip()
     if tail not in ("", "```"):
@@ -270,6 +270,6 @@ def _fenced_json(text: str) -> dict[str, Any] | None:
     if isinstance(obj, str):  # arguments written as a JSON string holding the object (a template's tojson)
         try:
             obj = json.loads(obj)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
             return None
     return obj if isinstance(obj, dict) else None

@@ -138,7 +138,7 @@ def _value(raw: str, string: str | None, schema: dict[str, Any] | None) -> Any:
     if string == "false":
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
             pass
     return cast_value(raw, schema)
 

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from swarmtune.engine.conversation.formats.base import Format, dumps
+from swarmtune.engine.conversation.formats.base import MAX_NUMBER_CHARS, Format, dumps
 from swarmtune.engine.conversation.formats.grammar import literal, schema_rules, text_without, tool_parts
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, ToolCall, new_call_id
 from swarmtune.engine.errors import UserError
@@ -188,7 +188,7 @@ def _value(text: str, pos: int) -> tuple[Any, int]:
         if end == len(text):
             raise _Cut  # more digits may follow
         number = text[pos:end]
-        if not _NUMBER.fullmatch(number):
+        if not _NUMBER.fullmatch(number) or len(number) > MAX_NUMBER_CHARS:  # past int()'s digit limit
             raise _Bad
         return (float(number) if any(c in number for c in ".eE") else int(number)), end
     for word, value in _WORDS.items():

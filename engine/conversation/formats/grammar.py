@@ -11,11 +11,15 @@ import functools
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from swarmtune.engine.conversation.formats.reply import ReplyContext
 from swarmtune.engine.errors import UserError
+
+if TYPE_CHECKING:
+    from swarmtune.engine.conversation.formats.base import Format
 
 _RULE = re.compile(r"^([A-Za-z0-9-]+) ::=", re.M)
 # in a rule's body: a string literal, a character class, or a name (only names are renamed)
@@ -241,3 +245,32 @@ def _class_char(cp: int) -> str:
     if c.isascii() and (c.isalnum() or c in "<>/=_.,:;!?@#$%&*()+{}|~'` "):
         return c
     return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else f"\\U{cp:08X}"
+
+
+def hold(fmt: "Format", ctx: ReplyContext, grammar: str, triggers: tuple[str, ...],
+         forced: bool) -> tuple[str, tuple[str, ...]]:
+    """A call grammar and its triggers, set for where the reply starts, as llama-server sets them around a
+    thinking block: a call the model drafts while thinking stays free, and the call after the block is held.
+    - the prompt opened the block (`<think>\n` at its end): a lazy grammar triggers only past its close; a
+      forced one (required) is held from the close on;
+    - the model may open it itself: a trigger counts only past the block's close, where the reply opened one.
+    A format without a thinking block keeps its own."""
+    close, opened = fmt.think_close, fmt.think_open
+    if not close or not opened or not ctx.reasoning:
+        return grammar, triggers
+    if fmt.starts_in_reasoning(ctx):
+        if triggers:
+            return grammar, tuple(f"^[\\s\\S]*?{re.escape(close)}[\\s\\S]*?{_grouped(t)}" for t in triggers)
+        if not forced:
+            return grammar, triggers
+        calls = re.sub(r"^root ::=", "calls ::=", grammar, count=1, flags=re.M)
+        return f"{calls}\nroot ::= {literal(close)} [ \\t\\n]* calls\n", (re.escape(close),)
+    if not triggers:
+        return grammar, triggers
+    o, c = re.escape(opened), re.escape(close)
+    return grammar, tuple(f"^(?:\\s*{o}[\\s\\S]*?{c}|(?!\\s*{o}))[\\s\\S]*?{_grouped(t)}" for t in triggers)
+
+
+def _grouped(pattern: str) -> str:
+    """A trigger as the group the grammar starts at (one that has its own keeps it)."""
+    return pattern if "(" in pattern else f"({pattern})"

@@ -93,6 +93,12 @@ class Harmony(Format):
         mentions it, and hold what follows to a call."""
         return (r"(?:^|<\|start\|>assistant)((?:<\|channel\|>(?:commentary|analysis))? to=functions\.)",)
 
+    def parse_without_calls(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
+        # its reasoning and its answer are messages of their own, not a block before the rest: read them as
+        # ever, and leave out what the model addressed to a tool no request offered
+        r = self.parse(text, ctx, final)
+        return Reply(r.content, r.reasoning)
+
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
         opened = _opened(ctx.prompt_tail)
         return _Reader(opened + text, len(opened), ctx, final).read()

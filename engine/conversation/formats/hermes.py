@@ -66,7 +66,7 @@ def _block(text: str, at: int, final: bool) -> tuple[str, ToolCall | None, int]:
         return _CLOSED, None, body
     try:
         obj, end = _DECODER.raw_decode(text, body)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
         # JSON cut short may yet be completed; at the end, a closer after it says it was never JSON
         close = text.find(CLOSE, body) if final else -1
         return (_CLOSED, None, close + len(CLOSE)) if close >= 0 else (_OPEN_BLOCK, None, -1)

@@ -299,6 +299,12 @@ class KimiK3(Format):
             return "", think + text[rest:]
         return think.strip() if rest < len(text) else think.lstrip(), text[rest:]
 
+    def parse_without_calls(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
+        # its reasoning and its answer are messages of their own, not a block before the rest: read them as
+        # ever, and leave out what the model addressed to a tool no request offered
+        r = self.parse(text, ctx, final)
+        return Reply(r.content, r.reasoning)
+
     def parse(self, text: str, ctx: ReplyContext, final: bool = True) -> Reply:
         think, i = self._think(text, ctx)
         reasoning = (think.strip() if i < len(text) else think.lstrip()) if ctx.reasoning else ""

@@ -129,7 +129,7 @@ def load_json(text: str) -> Any:
     it is no JSON after all (a bad escape)."""
     try:
         return json.loads(text, strict=False)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer past the digit limit
         return None
 
 
@@ -139,6 +139,11 @@ class Llama3(Format):
     call_start = '{"name"'  # how Meta's templates write a call; after <|python_tag|> too
     think_open = ""
     think_close = ""
+
+    def triggers(self) -> tuple[str, ...]:
+        """A call is the whole reply, as Meta's templates ask (a JSON answer whose first key happens to be
+        "name" later in a reply is not held), or follows <|python_tag|>: the grammar starts at its brace."""
+        return (r'^\s*(\{\s*"name")', r"<\|python_tag\|>\s*(\{)")
 
     def call_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         """Meta's JSON call, `{"name": ..., "parameters": {...}}`, `;`-separated where parallel."""

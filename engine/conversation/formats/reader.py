@@ -1,6 +1,7 @@
 """How one request's reply is read: the model's format, what the request adds (its tools, where its prompt
 left the reply, whether reasoning is split off), and what the records call the format. The server makes one
-per request; the engine's thread asks it, at the request's end, whether a call the model began failed."""
+per request; the engine's thread reads the reply once more at the request's end, for its record (the family,
+its reasoning, a call that did not parse)."""
 
 from dataclasses import dataclass
 
@@ -25,6 +26,6 @@ class ReplyReader:
         s.finish()
         return s.result()
 
-    def broken(self, text: str) -> str:
-        """Why a call the model began in `text` did not parse ("" where none failed)."""
-        return parse(self.fmt, text, self.ctx, final=True).broken if self.ctx.calls else ""
+    def read(self, text: str) -> Reply:
+        """The whole reply in one parse, for its record (the client was answered by a stream or by whole)."""
+        return parse(self.fmt, text, self.ctx, final=True)

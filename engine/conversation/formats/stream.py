@@ -7,12 +7,14 @@ from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext, Too
 
 
 def parse(fmt: Format, text: str, ctx: ReplyContext, final: bool) -> Reply:
-    """The format's parse, less the calls where the request offered no tools: then whatever follows the
-    reasoning stays content as written, calls and all, as llama-server leaves it."""
-    r = fmt.parse(text, ctx, final)
-    if ctx.calls or not r.calls:
-        return r
-    return Reply(fmt.split_reasoning(text, ctx)[1], r.reasoning)
+    """The format's parse; where the request offered no tools, its reasoning and content only (a call the
+    model writes anyway stays content, as llama-server leaves it). A reply no format can read (one a parser
+    refuses, say a number past Python's digit limit) is content as written, and says so: a reply never
+    takes the server down."""
+    try:
+        return fmt.parse(text, ctx, final) if ctx.calls else fmt.parse_without_calls(text, ctx, final)
+    except (ValueError, RecursionError) as e:
+        return Reply(text, broken=f"the reply could not be read in its format: {type(e).__name__}")
 
 
 class ReplyStream:
