@@ -138,6 +138,9 @@ def test_responses_reasoning_items_whole_streamed_and_sent_back(server):
                                      stream=True))
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == item.content[0].text and events[-1].type == "response.completed"
+    with c.responses.stream(model="m", input="Open a.py.", max_output_tokens=8, temperature=0.0) as s:
+        final = s.get_final_response()  # the SDK's own accumulator: each item's events agree with its id
+    assert final.output[0].type == "reasoning" and final.output[0].content[0].text == item.content[0].text
     again = c.responses.create(model="m", max_output_tokens=2, input=[
         {"role": "user", "content": "Open a.py."}, item.model_dump(exclude_none=True),
         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}])

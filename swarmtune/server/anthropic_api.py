@@ -197,7 +197,7 @@ class Blocks:
 
     def _start(self, kind: str) -> bytes:
         out = self.close()
-        self.open = kind
+        self.open, self.thought = kind, ""  # a block's signature is its own text's
         block = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
         return out + _sse("content_block_start", {"type": "content_block_start", "index": self.index,
                                                   "content_block": block})

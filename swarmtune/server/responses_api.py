@@ -255,50 +255,64 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                 return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **data})}\n\n".encode()
 
             class Items:
-                """The output items as they stream: reasoning, then the message, then each call, an item
-                opened on its first delta and done when the next begins."""
+                """The output items as they stream: an item opened on its first delta and done when the next
+                kind begins, each with an id and text of its own (a reasoning item after a message is a new
+                item); response.completed lists them as they went out."""
 
                 def __init__(self) -> None:
-                    self.index, self.open = 0, ""
-                    self.reasoning, self.text = "", ""
+                    self.index, self.open, self.text = 0, "", ""
+                    self.done: list[dict[str, Any]] = []
+
+                def _id(self) -> str:
+                    return f"{'rs' if self.open == 'reasoning' else 'msg'}_{req.id}_{self.index}"
 
                 def start(self, kind: str) -> bytes:
-                    out = self.close() + b""
-                    self.open = kind
+                    out = self.close()
+                    self.open, self.text = kind, ""
                     if kind == "reasoning":
                         return out + event("response.output_item.added", output_index=self.index, item={
-                            "type": "reasoning", "id": rsid, "status": "in_progress", "summary": [], "content": []})
+                            "type": "reasoning", "id": self._id(), "status": "in_progress", "summary": [],
+                            "content": []}) + event(
+                            "response.content_part.added", item_id=self._id(), output_index=self.index,
+                            content_index=0, part={"type": "reasoning_text", "text": ""})
                     return out + event("response.output_item.added", output_index=self.index, item={
-                        "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}) + \
-                        event("response.content_part.added", item_id=mid, output_index=self.index, content_index=0,
-                              part={"type": "output_text", "text": "", "annotations": []})
+                        "type": "message", "id": self._id(), "status": "in_progress", "role": "assistant",
+                        "content": []}) + event(
+                        "response.content_part.added", item_id=self._id(), output_index=self.index, content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []})
 
                 def close(self) -> bytes:
-                    out = b""
+                    if not self.open:
+                        return b""
+                    iid = self._id()
                     if self.open == "reasoning":
-                        out = event("response.reasoning_text.done", item_id=rsid, output_index=self.index,
-                                    content_index=0, text=self.reasoning) + \
-                            event("response.output_item.done", output_index=self.index,
-                                  item=reasoning_item(self.reasoning))
-                    elif self.open == "message":
-                        out = event("response.output_text.done", item_id=mid, output_index=self.index,
-                                    content_index=0, text=self.text, logprobs=[]) + \
-                            event("response.output_item.done", output_index=self.index, item=message_item(self.text))
-                    if self.open:
-                        self.open, self.index = "", self.index + 1
+                        item = {**reasoning_item(self.text), "id": iid}
+                        part = item["content"][0]
+                        out = event("response.reasoning_text.done", item_id=iid, output_index=self.index,
+                                    content_index=0, text=self.text)
+                    else:
+                        item = {**message_item(self.text), "id": iid}
+                        part = item["content"][0]
+                        out = event("response.output_text.done", item_id=iid, output_index=self.index,
+                                    content_index=0, text=self.text, logprobs=[])
+                    out += event("response.content_part.done", item_id=iid, output_index=self.index, content_index=0,
+                                 part=part)
+                    out += event("response.output_item.done", output_index=self.index, item=item)
+                    self.done.append(item)
+                    self.open, self.index = "", self.index + 1
                     return out
 
                 def delta(self, d: Reply) -> bytes:
                     out = b""
                     if d.reasoning:
                         out += self.start("reasoning") if self.open != "reasoning" else b""
-                        self.reasoning += d.reasoning
-                        out += event("response.reasoning_text.delta", item_id=rsid, output_index=self.index,
+                        self.text += d.reasoning
+                        out += event("response.reasoning_text.delta", item_id=self._id(), output_index=self.index,
                                      content_index=0, delta=d.reasoning)
                     if d.content:
                         out += self.start("message") if self.open != "message" else b""
                         self.text += d.content
-                        out += event("response.output_text.delta", item_id=mid, output_index=self.index,
+                        out += event("response.output_text.delta", item_id=self._id(), output_index=self.index,
                                      content_index=0, delta=d.content, logprobs=[])
                     for c in d.calls:
                         out += self.close()
@@ -310,6 +324,7 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                         out += event("response.function_call_arguments.done", item_id=item["id"],
                                      output_index=self.index, arguments=c.arguments)
                         out += event("response.output_item.done", output_index=self.index, item=item)
+                        self.done.append(item)
                         self.index += 1
                     return out
 
@@ -324,9 +339,8 @@ def add_responses_routes(app: FastAPI, bridge: Bridge) -> None:
                     yield f"event: error\ndata: {json.dumps(error_body(ev.message, 'server_error'))}\n\n".encode()
                 else:
                     yield items.delta(reply.finish()) + items.close()
-                    whole = reply.result()
-                    remember(whole)
-                    yield event("response.completed", response=response("completed", output_of(whole), ev))
+                    remember(reply.result())
+                    yield event("response.completed", response=response("completed", items.done, ev))
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
