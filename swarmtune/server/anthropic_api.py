@@ -183,8 +183,9 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 def signature(thinking: str) -> str:
-    """A thinking block's signature: Anthropic's is opaque and checked by its servers; this one says the
-    block came from this server unchanged (a client sends it back, and the template sees the text)."""
+    """A thinking block's signature: Anthropic's is opaque, and clients keep it and send it back with the
+    block. This one is a digest of the block's text; swarmtune does not check it on the way back (the
+    template sees the text as sent)."""
     return "swarmtune:" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
 
 
