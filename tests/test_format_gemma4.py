@@ -14,25 +14,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from swarmtune.engine.agents.prompt import PromptRenderer
-from swarmtune.engine.agents.served import ServedAgents
-from swarmtune.engine.agents.served_request import Finished, ServedRequest
-from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.gemma4 import Gemma4
-from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
-from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.engine import Engine
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.model.model_facts import read_model_facts
-from swarmtune.engine.settings import EngineSettings
-from swarmtune.server.bridge import Bridge, plan_tools
-from tests.grammar_check import GrammarCheck
+from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
-from tests.tiny_gguf import llama_dense
 
 FMT = Gemma4()
 THINKING_OFF = ReplyContext(prompt_tail="<|turn>model\n<|channel>thought\n<channel|>")
@@ -373,33 +362,8 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: 
     """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required, the
     grammar held from the reply's first token (thinking on: the prompt ends at `<|turn>model\\n`). Random
     weights never close a thought, so one would run to max_tokens: with this seed the model calls at once."""
-    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(TEMPLATES[0]))), n_threads=1)
-    try:
-        renderer = PromptRenderer(backend)
-        fmt = renderer.picked.fmt
-        assert isinstance(fmt, Gemma4) and renderer.template is not None
-        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
-        assert text.endswith("<|turn>model\n")
-        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "gemma4")
-        grammar, triggers = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
-        assert grammar is not None and not triggers and backend.check_grammar(grammar) is None
-        served = ServedAgents(backend)
-        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
-                   agents=served)
-        done: list[Finished] = []
-        out: list[str] = []
-        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
-                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
-                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
-                                    else out.append(ev.text)))
-        for _ in range(600):
-            if done:
-                break
-            e.step()
-        assert done and done[0].reason == "stop", "".join(out)  # the grammar ended it, not max_tokens
-        reply = reader.whole("".join(out))
-        assert re.fullmatch(r"<\|tool_call>call:read_file\{.*\}<tool_call\|>", "".join(out), re.S), "".join(out)
-        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
-        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
-    finally:
-        backend.close()
+    r = one_call_under_grammar(tmp_path, TEMPLATES[0], E2E_TOOL, "gemma4")
+    assert isinstance(r.renderer.picked.fmt, Gemma4) and r.renderer.template is not None
+    assert r.text.endswith("<|turn>model\n")
+    assert not r.triggers
+    assert re.fullmatch(r"<\|tool_call>call:read_file\{.*\}<tool_call\|>", r.out, re.S), r.out

@@ -370,43 +370,9 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: 
     """End to end, as tests/test_tool_families.py: the real template on a tiny random-weight GGUF, one served
     request under the grammar, which ends the reply with the call. GLM-4.7 with thinking off: with it on, the
     server holds the call only after the reasoning (Bridge.held)."""
-    import jsonschema
-
-    from swarmtune.engine.agents.prompt import PromptRenderer
-    from swarmtune.engine.agents.served import ServedAgents
-    from swarmtune.engine.agents.served_request import Finished, ServedRequest
-    from swarmtune.engine.backends.llama_backend import LlamaBackend
-    from swarmtune.engine.conversation.formats.reader import ReplyReader
-    from swarmtune.engine.conversation.sampling import SamplingParams
-    from swarmtune.engine.engine import Engine
-    from swarmtune.engine.model.model_facts import read_model_facts
-    from swarmtune.engine.settings import EngineSettings
+    from tests.grammar_check import one_call_under_grammar
     from tests.test_tool_families import TOOL
-    from tests.tiny_gguf import llama_dense
 
-    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
-    try:
-        renderer = PromptRenderer(backend)
-        assert renderer.family == "glm"
-        text = renderer.render([{"role": "user", "content": "read a file"}], [TOOL], {"enable_thinking": False})
-        served = ServedAgents(backend)
-        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False), agents=served)
-        grammar = renderer.picked.fmt.call_grammar([TOOL], parallel=False)
-        assert backend.check_grammar(grammar) is None
-        done: list[Finished] = []
-        out: list[str] = []
-        req = ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
-                            params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
-                            emit=lambda ev: done.append(ev) if isinstance(ev, Finished) else out.append(ev.text))
-        served.submit(req)
-        for _ in range(800):
-            if done:
-                break
-            e.step()
-        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
-        reply = ReplyReader(renderer.picked.fmt, ReplyContext(prompt_tail=text[-40:], tools=(TOOL,)), name).whole(
-            "".join(out))
-        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
-        jsonschema.validate(json.loads(reply.calls[0].arguments), TOOL["function"]["parameters"])
-    finally:
-        backend.close()
+    r = one_call_under_grammar(tmp_path, name, TOOL, name, variables={"enable_thinking": False}, choice=None,
+                               tail=40, steps=800)
+    assert r.renderer.family == "glm"

@@ -12,27 +12,15 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import jsonschema
 import pytest
 
-from swarmtune.engine.agents.prompt import PromptRenderer
-from swarmtune.engine.agents.served import ServedAgents
-from swarmtune.engine.agents.served_request import Finished, ServedRequest
-from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.harmony import Harmony
-from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
-from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.engine import Engine
-from swarmtune.engine.model.model_facts import read_model_facts
-from swarmtune.engine.settings import EngineSettings
-from swarmtune.server.bridge import Bridge, plan_tools
-from tests.grammar_check import GrammarCheck
+from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
-from tests.tiny_gguf import llama_dense
 
 FMT = Harmony()
 CTX = ReplyContext(prompt_tail="<|start|>assistant")
@@ -308,33 +296,7 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: 
     grammar held from the reply's first token (after the prompt's `<|start|>assistant`). Random weights never
     write `<|end|>`, so an analysis message would run to max_tokens: with this seed the model writes the call
     at once."""
-    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template("openai-gpt-oss-120b.jinja"))),
-                           n_threads=1)
-    try:
-        renderer = PromptRenderer(backend)
-        fmt = renderer.picked.fmt
-        assert isinstance(fmt, Harmony) and renderer.template is not None
-        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
-        assert text.endswith("<|start|>assistant")
-        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "gpt-oss")
-        grammar, triggers = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
-        assert grammar is not None and not triggers and backend.check_grammar(grammar) is None
-        served = ServedAgents(backend)
-        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
-                   agents=served)
-        done: list[Finished] = []
-        out: list[str] = []
-        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
-                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
-                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
-                                    else out.append(ev.text)))
-        for _ in range(600):
-            if done:
-                break
-            e.step()
-        assert done and done[0].reason == "stop", "".join(out)  # the grammar ended it, not max_tokens
-        reply = reader.whole("".join(out))
-        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
-        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
-    finally:
-        backend.close()
+    r = one_call_under_grammar(tmp_path, "openai-gpt-oss-120b.jinja", E2E_TOOL, "gpt-oss")
+    assert isinstance(r.renderer.picked.fmt, Harmony) and r.renderer.template is not None
+    assert r.text.endswith("<|start|>assistant")
+    assert not r.triggers

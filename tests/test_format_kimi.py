@@ -13,27 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 
-from swarmtune.engine.agents.prompt import PromptRenderer
-from swarmtune.engine.agents.served import ServedAgents
-from swarmtune.engine.agents.served_request import Finished, ServedRequest
-from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.chat_template import ChatTemplate
 from swarmtune.engine.conversation.formats.base import Format
 from swarmtune.engine.conversation.formats.kimi import Kimi, KimiK3
-from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
-from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.engine import Engine
-from swarmtune.engine.model.model_facts import read_model_facts
-from swarmtune.engine.settings import EngineSettings
-from swarmtune.server.bridge import Bridge, plan_tools
-from tests.grammar_check import GrammarCheck
+from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
-from tests.tiny_gguf import llama_dense
 
 K2_PROMPT = "<|im_assistant|>assistant<|im_middle|>"  # the pinned templates' generation prompt: no <think>
 K26_THINKING = K2_PROMPT + "<think>"  # K2.6's own template, thinking on
@@ -477,31 +465,5 @@ E2E_TOOL = {"type": "function", "function": {"name": "read_file", "parameters": 
 def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path: Path, name: str) -> None:
     """Served end to end on a tiny random-weight GGUF carrying the real template, tool_choice required (K3's
     prompt opens its think channel, so the call is held from the channel's end, as the server holds it)."""
-    backend = LlamaBackend(read_model_facts(llama_dense(tmp_path / "m.gguf", template(name))), n_threads=1)
-    try:
-        renderer = PromptRenderer(backend)
-        fmt = renderer.picked.fmt
-        assert renderer.family == "kimi" and renderer.template is not None
-        text = renderer.render([{"role": "user", "content": "read a file"}], [E2E_TOOL])
-        reader = ReplyReader(fmt, ReplyContext(prompt_tail=text[-64:], tools=(E2E_TOOL,)), "kimi")
-        grammar, _ = Bridge.held(plan_tools([E2E_TOOL], "required", fmt, parallel=False), reader)
-        assert grammar is not None and backend.check_grammar(grammar) is None
-        served = ServedAgents(backend)
-        e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
-                   agents=served)
-        done: list[Finished] = []
-        out: list[str] = []
-        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=400,
-                                    params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
-                                    emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
-                                    else out.append(ev.text)))
-        for _ in range(600):
-            if done:
-                break
-            e.step()
-        assert done and done[0].reason == "stop"  # the grammar ended it, not max_tokens
-        reply = reader.whole("".join(out))
-        assert len(reply.calls) == 1 and reply.calls[0].name == "read_file", "".join(out)
-        jsonschema.validate(json.loads(reply.calls[0].arguments), E2E_TOOL["function"]["parameters"])
-    finally:
-        backend.close()
+    r = one_call_under_grammar(tmp_path, name, E2E_TOOL, "kimi")
+    assert r.renderer.family == "kimi" and r.renderer.template is not None
