@@ -19,10 +19,10 @@ from swarmtune.engine.conversation.formats.deepseek import DeepSeek, Variant
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST
 from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
 
-ASSIST = "Hello, world!\nWhat's up?"
 THOUGHTS = "I'm\nthinking"
 
 

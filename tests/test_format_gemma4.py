@@ -20,13 +20,13 @@ from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
 from swarmtune.engine.errors import UserError
+from tests.chat_cases import ASSIST
 from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
 
 FMT = Gemma4()
 THINKING_OFF = ReplyContext(prompt_tail="<|turn>model\n<|channel>thought\n<channel|>")
 THINKING_ON = ReplyContext(prompt_tail="<|turn>model\n")
-ASSIST = "Hello, world!\nWhat's up?"
 
 
 def calls(r: Reply) -> list[tuple[str, object]]:

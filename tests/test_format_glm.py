@@ -15,6 +15,7 @@ import pytest
 from swarmtune.engine.conversation.formats.glm import Glm, Ling3
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST, INTEGER, SPECIAL, SPECIAL_OPT, STRING, tool
 from tests.llama_templates import template
 
 GLM45 = "<|assistant|>"  # GLM-4.5/4.6's generation prompt: the model opens <think> itself
@@ -22,16 +23,10 @@ GLM45_NO_THINKING = "<|assistant|>\n<think></think>"
 GLM47 = "<|assistant|><think>"  # GLM-4.7's, thinking on: the reply starts in reasoning
 GLM47_NO_THINKING = "<|assistant|></think>"
 SPARK_NO_THINKING = "<｜start▁of▁sentence｜><|Bot|></think>"
-ASSIST = "Hello, world!\nWhat's up?"
 
 
-def tool(tool_name: str, /, **props: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
-SPECIAL = tool("special_function", arg1=INTEGER)
-SPECIAL_OPT = tool("special_function_with_opt", arg1=INTEGER, arg2=INTEGER)
 SPECIAL_CALL = ("special_function", {"arg1": 1})
 TWO = [SPECIAL_CALL, ("special_function_with_opt", {"arg1": 1, "arg2": 2})]
 COMPACT = "<tool_call>special_function<arg_key>arg1</arg_key><arg_value>1</arg_value></tool_call>"

@@ -19,12 +19,12 @@ from swarmtune.engine.conversation.formats.harmony import Harmony
 from swarmtune.engine.conversation.formats.registry import pick
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST
 from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
 
 FMT = Harmony()
 CTX = ReplyContext(prompt_tail="<|start|>assistant")
-ASSIST = "Hello, world!\nWhat's up?"
 CALL = ("special_function", {"arg1": 1})
 
 

@@ -20,6 +20,7 @@ from swarmtune.engine.conversation.formats.base import Format
 from swarmtune.engine.conversation.formats.kimi import Kimi, KimiK3
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST, INTEGER, SPECIAL, SPECIAL_OPT, STRING, tool
 from tests.grammar_check import GrammarCheck, one_call_under_grammar
 from tests.llama_templates import template
 
@@ -28,16 +29,10 @@ K26_THINKING = K2_PROMPT + "<think>"  # K2.6's own template, thinking on
 K26_NO_THINKING = K2_PROMPT + "<think></think>"
 K3_THINKING = '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>'  # Kimi-K3.jinja, `thinking` true
 K3_NO_THINKING = '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>'
-ASSIST = "Hello, world!\nWhat's up?"
 
 
-def tool(tool_name: str, /, **props: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
-SPECIAL = tool("special_function", arg1=INTEGER)
-SPECIAL_OPT = tool("special_function_with_opt", arg1=INTEGER, arg2=INTEGER)
 PYTHON = tool("python", code=STRING)
 HTML = tool("html", markup=STRING)
 EMPTY_ARGS = tool("empty_args")

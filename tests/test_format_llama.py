@@ -16,19 +16,15 @@ import pytest
 from swarmtune.engine.conversation.formats.llama3 import BAD, CUT, Llama3, scan_json
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST, SPECIAL, STRING, tool
 from tests.llama_templates import template
 
-ASSIST = "Hello, world!\nWhat's up?"
 TEMPLATES = ("meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
              "meta-llama-Llama-3.3-70B-Instruct.jinja")
 
 
-def tool(tool_name: str, /, **props: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
-SPECIAL = tool("special_function", arg1=INTEGER)
 PYTHON = tool("python", code=STRING)
 WEATHER = tool("get_weather", city=STRING)
 CTX = ReplyContext(tools=(SPECIAL, PYTHON, WEATHER))

@@ -18,22 +18,17 @@ import pytest
 from swarmtune.engine.conversation.formats.mistral import Mistral
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST, SPECIAL, SPECIAL_OPT
 from tests.llama_templates import template
 
-ASSIST = "Hello, world!\nWhat's up?"
 MINISTRAL = "mistralai-Ministral-3-14B-Reasoning-2512.jinja"
 SMALL = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
 DEVSTRAL = "unsloth-mistral-Devstral-Small-2507.jinja"
 NEMO = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
 
 
-def tool(tool_name: str, /, **props: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
-SPECIAL = tool("special_function", arg1=INTEGER)
-SPECIAL_OPT = tool("special_function_with_opt", arg1=INTEGER, arg2=INTEGER)
 SPECIAL_CALL = ("special_function", {"arg1": 1})
 OPT_CALL = ("special_function_with_opt", {"arg1": 1, "arg2": 2})
 

@@ -18,21 +18,16 @@ import pytest
 from swarmtune.engine.conversation.formats.qwen_xml import QwenCoderXml, QwenXml
 from swarmtune.engine.conversation.formats.reply import Reply, ReplyContext
 from swarmtune.engine.conversation.formats.stream import ReplyStream
+from tests.chat_cases import ASSIST, INTEGER, SPECIAL, SPECIAL_OPT, STRING, tool
 from tests.llama_templates import template
 
 THINKING = "<|im_start|>assistant\n<think>\n"  # Qwen3.5's generation prompt, thinking on (the default)
 NO_THINKING = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # enable_thinking=false
 CODER = "<|im_start|>assistant\n"
-ASSIST = "Hello, world!\nWhat's up?"
 
 
-def tool(tool_name: str, /, **props: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
-SPECIAL = tool("special_function", arg1=INTEGER)
-SPECIAL_OPT = tool("special_function_with_opt", arg1=INTEGER, arg2=INTEGER)
 PYTHON = tool("python", code=STRING)
 HTML = tool("html", markup=STRING)
 TODO = tool("todo_list", todos={"type": "array"})
