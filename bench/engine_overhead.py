@@ -44,7 +44,7 @@ class LoggingBackend(LlamaBackend):
 
 def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int, ctx: int) -> float:
     b.open(kv, n_seqs, ctx)
-    ctx_p, mem, batch = b.ctx, b.mem, b.steps.batch
+    ctx_p, mem, batch = b.live.ctx, b.live.mem, b.live.batch
     samplers = []
     for s in range(n_seqs):
         c = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())

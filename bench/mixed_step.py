@@ -26,7 +26,7 @@ KV = KVSetting.parse  # a KV setting as a flag spells it
 
 def fill(b: LlamaBackend, rows: list[tuple[int, int, int, bool]]) -> None:
     """rows: (token, position, sequence, wants logits), into the backend's batch."""
-    batch = b.steps.batch
+    batch = b.live.batch
     batch.n_tokens = len(rows)
     for j, (tok, pos, seq, logits) in enumerate(rows):
         batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.seq_id[j][0] = tok, pos, 1, seq
@@ -62,17 +62,17 @@ def main() -> int:
             t0 = time.perf_counter()
             if r % 2 == 0:
                 fill(b, dec)
-                ll.llama_decode(b.ctx, b.steps.batch)
+                ll.llama_decode(b.live.ctx, b.live.batch)
                 fill(b, pre)
-                ll.llama_decode(b.ctx, b.steps.batch)
+                ll.llama_decode(b.live.ctx, b.live.batch)
             else:
                 fill(b, dec + pre)
-                ll.llama_decode(b.ctx, b.steps.batch)
-            ll.llama_synchronize(b.ctx)
+                ll.llama_decode(b.live.ctx, b.live.batch)
+            ll.llama_synchronize(b.live.ctx)
             dt = time.perf_counter() - t0
             if r >= 2:  # the first of each kind warms up
                 (two if r % 2 == 0 else one).append(dt)
-            ll.llama_memory_seq_rm(b.mem, a.batch, ctx, -1)  # the prefilled agent back to ctx tokens
+            ll.llama_memory_seq_rm(b.live.mem, a.batch, ctx, -1)  # the prefilled agent back to ctx tokens
             pos += 1
         t2, t1 = statistics.median(two), statistics.median(one)
         print(f"{ctx:8d} {t2:12.4f} {t1:11.4f} {t1 / t2:6.3f}")

@@ -117,7 +117,7 @@ def test_a_mixed_k_v_switch_converts_each_to_its_own_type_and_keeps_every_cache(
         # llama.cpp's own buffers at this setting: K and V each at its own type
         cached = sum(llama_backend.cache_bytes.values())
         modeled = sum(llama_backend.facts.bytes_model.llama_cpp_cache_bytes(
-            kv, llama_backend.n_seqs, llama_backend.ctx_per_seq, llama_backend.max_chunk_tokens).values())
+            kv, llama_backend.n_seqs, llama_backend.live.ctx_per_seq, llama_backend.max_chunk_tokens).values())
         assert cached == pytest.approx(modeled, rel=0.02), (kv, cached, modeled)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)

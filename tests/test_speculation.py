@@ -254,11 +254,11 @@ def test_a_recurrent_model_refuses_drafts_and_keeps_none(tmp_path):
     try:
         with pytest.raises(UserError, match="recurrent state cannot take back"):
             Engine(b, EngineSettings(agents=2, draft_tokens=4, ctx_per_agent=512))
-        assert b.steps.drafts == 0
+        assert b.draft_rows == 0
         e = Engine(b, EngineSettings(agents=2, ctx_per_agent=512))  # live, the same line and nothing changes
         with pytest.raises(UserError, match="recurrent state cannot take back") as err:
             e.request(Control(draft=4))
-        assert err.value.field == "draft" and e.state().draft == DraftSetting(0) and b.steps.drafts == 0
+        assert err.value.field == "draft" and e.state().draft == DraftSetting(0) and b.draft_rows == 0
     finally:
         b.close()
 

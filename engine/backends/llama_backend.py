@@ -10,12 +10,19 @@ import platform
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import BackendInfo, Landing, VerifyLanding
+from swarmtune.engine.backends.backend import (
+    MAX_DRAFT_TOKENS,
+    NO_DRAFTS_RECURRENT,
+    BackendInfo,
+    Landing,
+    VerifyLanding,
+)
 from swarmtune.engine.backends.clock import Clock, WallClock
 from swarmtune.engine.backends.devices import (
     Device,
@@ -27,20 +34,31 @@ from swarmtune.engine.backends.devices import (
     why_no_device_sampling,
 )
 from swarmtune.engine.backends.llama_cells import LlamaCells
+from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.backends.llama_log import caches_from_log, llama_log_mark, llama_log_since, offloaded_layers
 from swarmtune.engine.backends.llama_sampling import Samplers, default_device_sampling
 from swarmtune.engine.backends.llama_scorer import Scorer
-from swarmtune.engine.backends.llama_steps import KeptLogits, LlamaSteps
+from swarmtune.engine.backends.llama_steps import KeptLogits, LlamaSteps, StepWatch
 from swarmtune.engine.backends.llama_text import LlamaText
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16, KVSetting
+from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 __all__ = ["KeptLogits", "LlamaBackend", "Scorer", "caches_from_log"]
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A live context and the parts that act on it: what the backend swaps for a side cache, as one."""
+
+    context: LiveContext
+    steps: LlamaSteps
+    cells: LlamaCells
+    cache_bytes: dict[str, int]  # per cache, from llama.cpp's log when it was made: kv, kv_swa, recurrent
 
 
 def default_measure_routing() -> bool:
@@ -93,19 +111,15 @@ class LlamaBackend:
         why_host = why_no_device_sampling(self.device, self.n_vocab) if self.device and self.offloaded_layers else None
         on_device = on_device and why_host is None
         self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, on_device)
+        self._stack.callback(lambda: self.samplers.free())  # after the last context that ran them
         want_routing = default_measure_routing() if measure_routing is None else measure_routing
         self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
-        self.steps = LlamaSteps(self, max(chunk_tokens, 64), self.routing)
-        self._stack.callback(lambda: self.steps.free())
-        self.cells_ops = LlamaCells(self)
-        self.ctx: Any = None
-        self.mem: Any = None
-        self._ctx_stack = ExitStack()
-        self.kv = F16  # the live cache's setting, once open() made one
-        self.n_seqs, self.ctx_per_seq = 0, 0
+        self.model_handle = ModelHandle(model, facts, self.vocab, self.n_vocab, self.n_threads, flash_attn)
+        self.watch = StepWatch(self.routing)
+        self.draft_rows = 0  # the drafted tokens a verify step may carry per sequence, in contexts made from now
+        self.on: Attached | None = None  # the live context and its parts, once open() made one
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
-        self.attn_rot: tuple[bool, ...] = (False, False)
         # a step on a device is queued and runs while the host goes on; on the CPU llama_decode computes it
         self.launches_async = bool(self.device and self.offloaded_layers)
         self.info = BackendInfo(
@@ -122,19 +136,23 @@ class LlamaBackend:
         )
 
     # the cache
-    def _new_context(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, outputs: bool = False) -> Any:
-        """A llama.cpp context on this model: n_seqs streams of ctx_per_seq cells at KV setting kv (a type,
-        or K/V types as "q8_0/f16"). outputs: every row of a batch may ask for its logits (a scorer)."""
+    def _attach(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, samplers: Samplers, watch: StepWatch) -> Attached:
+        """A new context at KV setting kv (a type, or K/V types as "q8_0/f16"), n_seqs streams of ctx_per_seq
+        cells, and the parts that act on it."""
         self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq)
-        cp = context_params(kv, n_seqs, ctx_per_seq, max(self.max_chunk_tokens, n_seqs), self.n_threads,
-                            self.flash_attn, self.routing, 0 if outputs else self.steps.drafts)
+        n_batch = max(self.max_chunk_tokens, n_seqs)
+        log_mark = llama_log_mark()
+        cp = context_params(kv, n_seqs, ctx_per_seq, n_batch, self.n_threads, self.flash_attn, self.routing,
+                            self.draft_rows)
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
-        if outputs:
-            return ctx
-        self.steps.grow(cp.n_batch)
-        return ctx
+        lines = llama_log_since(log_mark)
+        # whether llama.cpp stores this cache's K and V rotated (engine/backends/kv_convert.py), in its own words
+        rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in lines) for x in "kv")
+        live = LiveContext(ctx, kv, n_seqs, ctx_per_seq, rot, samplers, max(n_batch, 64))
+        return Attached(live, LlamaSteps(self.model_handle, live, watch, self.draft_rows),
+                        LlamaCells(self.model_handle, live), caches_from_log(lines))
 
     def _room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, freed_bytes: int) -> str | None:
         """None where the cache fits the device; else why not. freed_bytes: what closing a cache first gives
@@ -149,7 +167,7 @@ class LlamaBackend:
         return self._room(kv, n_seqs, ctx_per_seq, self._live_bytes())
 
     def _live_bytes(self) -> int:
-        return (self.kv_buffer_bytes or 0) if self.ctx is not None else 0
+        return (self.kv_buffer_bytes or 0) if self.on is not None else 0
 
     def _refuse_what_the_device_cannot_hold(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int,
                                             freed_bytes: int = 0) -> None:
@@ -160,44 +178,25 @@ class LlamaBackend:
     def open(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> None:
         # asked before the live cache is closed, so that it stays where the new one is refused
         self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq, self._live_bytes())
-        self._close_ctx()
-        log_mark = llama_log_mark()
-        ctx = self._new_context(kv, n_seqs, ctx_per_seq)
-        self.ctx = ctx
-        self._ctx_stack.callback(ll.llama_free, ctx)
-        self.mem = ll.llama_get_memory(ctx)
-        self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
-        self.steps.prefill_row = None
-        self.samplers.bind(ctx)
-        lines = llama_log_since(log_mark)
-        self.cache_bytes = caches_from_log(lines)
-        # whether llama.cpp stores this cache's K and V rotated (engine/backends/kv_convert.py), in its own words
-        self.attn_rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in lines) for x in "kv")
+        self._close_live()
+        self.on = self._attach(kv, n_seqs, ctx_per_seq, self.samplers, self.watch)
+        self.cache_bytes = self.on.cache_bytes
         self.kv_buffer_bytes = sum(self.cache_bytes.values()) if self.cache_bytes else None
 
     @contextmanager
     def side_cache(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> Iterator[None]:
-        """While held, every call works on a second, temporary context of this model (its own cache at KV
-        type kv, its own samplers); the live cache, its samplers and its last prefill row are back as they
-        were after. A KV type is timed here without re-prefilling the swarm."""
-        live = (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self.steps.prefill_row, self.samplers,
-                self.attn_rot)
-        log_mark = llama_log_mark()
-        ctx = self._new_context(kv, n_seqs, ctx_per_seq)
+        """While held, every call works on another live context of this model (its own cache at KV type kv,
+        its own samplers); the live one is back as it was after. A KV type is timed here without
+        re-prefilling the swarm."""
+        side = self._attach(kv, n_seqs, ctx_per_seq,
+                            Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, self.samplers.device_sampling),
+                            StepWatch(self.routing))
+        live, self.on = self.on, side
         try:
-            # the side cache's own rotation (another type may rotate where the live one does not): a state
-            # converted for it is checked against this one when restored
-            self.attn_rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in llama_log_since(log_mark)) for x in "kv")
-            self.ctx, self.mem = ctx, ll.llama_get_memory(ctx)
-            self.kv, self.n_seqs, self.ctx_per_seq, self.steps.prefill_row = kv, n_seqs, ctx_per_seq, None
-            self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, self.samplers.device_sampling)
-            self.samplers.bind(ctx)
             yield
         finally:
-            ll.llama_free(ctx)  # before the chains it ran
-            self.samplers.free()
-            (self.ctx, self.mem, self.kv, self.n_seqs, self.ctx_per_seq, self.steps.prefill_row, self.samplers,
-             self.attn_rot) = live
+            side.context.close(free_samplers=True)
+            self.on = live
 
     @contextmanager
     def scorer(self, kv: KVSetting, n_ctx: int) -> Iterator["Scorer"]:
@@ -213,21 +212,46 @@ class LlamaBackend:
     def new_scorer(self, kv: KVSetting, n_ctx: int) -> "Scorer":
         """A scorer the caller holds (and closes): it keeps what it teacher-forced, so a window that extends
         the last one computes only the new tokens."""
-        return Scorer(self._new_context(kv, 1, n_ctx, outputs=True), self.n_vocab, self.max_chunk_tokens)
+        self._refuse_what_the_device_cannot_hold(kv, 1, n_ctx)
+        cp = context_params(kv, 1, n_ctx, self.max_chunk_tokens, self.n_threads, self.flash_attn, self.routing)
+        ctx = ll.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
+        return Scorer(ctx, self.n_vocab, self.max_chunk_tokens)
 
-    def _close_ctx(self) -> None:
-        if self.ctx is not None:
-            ll.llama_synchronize(self.ctx)  # a step launched ahead (overlap) ends before its context does
-        self._ctx_stack.close()
-        self._ctx_stack = ExitStack()
-        self.ctx = None
+    def _close_live(self) -> None:
+        if self.on is not None:
+            self.on.context.close(free_samplers=False)
+            self.on = None
+
+    @property
+    def live(self) -> LiveContext:
+        assert self.on is not None, "no context: open() first"
+        return self.on.context
+
+    @property
+    def steps(self) -> LlamaSteps:
+        assert self.on is not None, "no context: open() first"
+        return self.on.steps
+
+    @property
+    def cells_ops(self) -> LlamaCells:
+        assert self.on is not None, "no context: open() first"
+        return self.on.cells
+
+    @property
+    def kv(self) -> KVSetting:
+        return self.live.kv
+
+    @property
+    def n_seqs(self) -> int:
+        return self.on.context.n_seqs if self.on is not None else 0
 
     def new_clock(self) -> Clock:
         return WallClock()
 
     def close(self) -> None:
-        self._close_ctx()
-        self.samplers.free()  # after the context that ran them
+        self._close_live()
         self._stack.close()
 
     # text (llama_text.py)
@@ -261,13 +285,10 @@ class LlamaBackend:
 
     # sampling (llama_sampling.py)
     def seed_sampler(self, seq: int, seed: int) -> None:
-        self.samplers.set(seq, SamplingParams(seed=seed))
+        self.live.samplers.set(seq, SamplingParams(seed=seed))
 
     def set_sampler(self, seq: int, p: SamplingParams) -> None:
-        self.samplers.set(seq, p)
-
-    def sampled_on_host(self, seqs: Sequence[int]) -> list[int]:
-        return self.samplers.on_host(seqs)
+        self.live.samplers.set(seq, p)
 
     @property
     def host_sampling_s(self) -> float:
@@ -296,7 +317,12 @@ class LlamaBackend:
         return None
 
     def allow_drafts(self, n: int) -> str | None:
-        return self.steps.allow_drafts(n)
+        """Contexts made from now on verify up to n drafted tokens a sequence; None, or why not."""
+        if n and self.facts.bytes_model.state_bytes:
+            return NO_DRAFTS_RECURRENT
+        if 0 <= n <= MAX_DRAFT_TOKENS:  # past it the settings refuse the length, and nothing changes
+            self.draft_rows = n
+        return None
 
     def why_no_drafts(self, seq: int) -> str | None:
         return self.steps.why_no_drafts(seq)
@@ -309,14 +335,14 @@ class LlamaBackend:
 
     @property
     def kept(self) -> "deque[KeptLogits]":
-        return self.steps.kept
+        return self.watch.kept
 
     @property
     def last_distinct_experts(self) -> list[int] | None:
-        return self.steps.last_distinct_experts
+        return self.watch.last_distinct_experts
 
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
-        self.steps.interrupt_with(should_stop)
+        self.live.interrupt_with(should_stop)
 
     def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
         return self.steps.next_logits(seq, token, pos)

@@ -5,43 +5,40 @@ import ctypes
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import llama_cpp as ll
 
 from swarmtune.engine.backends.backend import CacheMismatch, NoKVSlot
 from swarmtune.engine.backends.kv_splice import Cells
+from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.kv_types import KVSetting
 
-if TYPE_CHECKING:
-    from swarmtune.engine.backends.llama_backend import LlamaBackend
-
 
 class LlamaCells:
-    """Acts on its backend's live context (its face owns it: opened, swapped for a side cache, closed)."""
+    """The cells of one live context's sequences."""
 
-    def __init__(self, backend: "LlamaBackend") -> None:
-        self.b = backend
+    def __init__(self, model: ModelHandle, live: LiveContext) -> None:
+        self.m, self.live = model, live
 
     def drop(self, seq: int) -> None:
-        ll.llama_memory_seq_rm(self.b.mem, seq, -1, -1)
+        ll.llama_memory_seq_rm(self.live.mem, seq, -1, -1)
 
     def truncate(self, seq: int, n_tokens: int) -> None:
-        ll.llama_memory_seq_rm(self.b.mem, seq, n_tokens, -1)
+        ll.llama_memory_seq_rm(self.live.mem, seq, n_tokens, -1)
 
     def copy(self, src: int, dst: int) -> None:
-        ll.llama_memory_seq_rm(self.b.mem, dst, -1, -1)
-        ll.llama_memory_seq_cp(self.b.mem, src, dst, -1, -1)
+        ll.llama_memory_seq_rm(self.live.mem, dst, -1, -1)
+        ll.llama_memory_seq_cp(self.live.mem, src, dst, -1, -1)
 
     def why_no_shift(self) -> str | None:
         """None where cached cells can be moved to other positions (chunk reuse); else why not."""
-        if self.b.mem is None or not ll.llama_memory_can_shift(self.b.mem):
+        if self.live.mem is None or not ll.llama_memory_can_shift(self.live.mem):
             return "this model's positions cannot be shifted (M-RoPE, or a recurrent state)"
-        bm = self.b.facts.bytes_model
+        bm = self.m.facts.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not (self.b.flash_attn or self.b.kv.quantized):
+        if not (self.m.flash_attn or self.live.kv.quantized):
             return "V is stored transposed without flash attention"
         return None
 
@@ -61,27 +58,27 @@ class LlamaCells:
         up = max(0, max(c.shift for c in chunks))
         try:
             if up:
-                ll.llama_memory_seq_add(self.b.mem, seq, keep, -1, up)
+                ll.llama_memory_seq_add(self.live.mem, seq, keep, -1, up)
                 self._apply_shift(seq, hi + up + 1)
             saved, _, _ = self.save_seq(seq)
             assert isinstance(saved, _SavedSeq)
-            cells = split(memoryview(saved.data), self.b.facts.n_layer)
+            cells = split(memoryview(saved.data), self.m.facts.n_layer)
         except (NoKVSlot, Unconvertible):
             self.truncate(seq, keep)
             return []
         self.truncate(seq, keep)
-        return [_Kept(cells.between(c.held_at + up, c.held_at + up + c.tokens), c.held_at + up, c.tokens, self.b.kv)
+        return [_Kept(cells.between(c.held_at + up, c.held_at + up + c.tokens), c.held_at + up, c.tokens, self.live.kv)
                 for c in chunks]
 
     def _apply_shift(self, seq: int, pos: int) -> None:
         """llama.cpp re-rotates shifted K at the start of a decode: one token at pos, then removed."""
-        b = self.b.steps.batch
+        b = self.live.batch
         b.n_tokens = 1
         b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = 0, pos, 1, seq, 0
         try:
-            self.b.steps.run()
+            self.live.run()
         finally:
-            ll.llama_memory_seq_rm(self.b.mem, seq, pos, -1)
+            ll.llama_memory_seq_rm(self.live.mem, seq, pos, -1)
 
     def paste(self, seq: int, kept: object, at: int) -> float:
         """Put a chunk cut() saved back at position `at`, right after seq's last cell; returns seconds.
@@ -90,21 +87,21 @@ class LlamaCells:
         from swarmtune.engine.backends.kv_splice import join, split
 
         assert isinstance(kept, _Kept)
-        if kept.kv != self.b.kv:
-            raise CacheMismatch(f"sequence {seq}: a chunk cut at KV {kept.kv} pasted into a {self.b.kv} cache")
+        if kept.kv != self.live.kv:
+            raise CacheMismatch(f"sequence {seq}: a chunk cut at KV {kept.kv} pasted into a {self.live.kv} cache")
         t0 = time.perf_counter()
         if self.cells(seq) == (-1, -1):
             base = kept.cells.between(0, 0)
         else:
             saved, _, _ = self.save_seq(seq)
             assert isinstance(saved, _SavedSeq)
-            base = split(memoryview(saved.data), self.b.facts.n_layer)
+            base = split(memoryview(saved.data), self.m.facts.n_layer)
         state = join(base, kept.cells)
         buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        if ll.llama_state_seq_set_data(self.b.ctx, buf, len(state), seq) == 0:
+        if ll.llama_state_seq_set_data(self.live.ctx, buf, len(state), seq) == 0:
             raise NoKVSlot()
         if at != kept.pos:
-            ll.llama_memory_seq_add(self.b.mem, seq, kept.pos, kept.pos + kept.tokens, at - kept.pos)
+            ll.llama_memory_seq_add(self.live.mem, seq, kept.pos, kept.pos + kept.tokens, at - kept.pos)
             # applied now, not at the next decode: a state saved before it (the next chunk's paste, a KV
             # switch's conversion) would carry the new positions with K still rotated for the old ones
             self._apply_shift(seq, at + kept.tokens)
@@ -113,32 +110,32 @@ class LlamaCells:
     def save_seq(self, seq: int) -> tuple[object, int, float]:
         """llama.cpp's own per-sequence state (its cells' K and V rows, a recurrent state), copied to host."""
         t0 = time.perf_counter()
-        n = ll.llama_state_seq_get_size(self.b.ctx, seq)
+        n = ll.llama_state_seq_get_size(self.live.ctx, seq)
         buf = (ctypes.c_uint8 * n)()
-        written = ll.llama_state_seq_get_data(self.b.ctx, buf, n, seq)
+        written = ll.llama_state_seq_get_data(self.live.ctx, buf, n, seq)
         if written != n:
             raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {n} bytes for sequence {seq}")
-        return _SavedSeq(buf, n, self.b.kv), n, time.perf_counter() - t0
+        return _SavedSeq(buf, n, self.live.kv), n, time.perf_counter() - t0
 
     def restore_seq(self, seq: int, handle: object) -> float:
         assert isinstance(handle, _SavedSeq)
-        if handle.kv != self.b.kv:  # the rows are in the old cache's type: llama.cpp would read them wrong
-            raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.b.kv} cache")
-        if handle.rot is not None and handle.rot != self.b.attn_rot:
+        if handle.kv != self.live.kv:  # the rows are in the old cache's type: llama.cpp would read them wrong
+            raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.live.kv} cache")
+        if handle.rot is not None and handle.rot != self.live.attn_rot:
             from swarmtune.engine.backends.kv_convert import Unconvertible
 
-            raise Unconvertible(f"converted for rotation {handle.rot}, but this cache rotates {self.b.attn_rot}")
+            raise Unconvertible(f"converted for rotation {handle.rot}, but this cache rotates {self.live.attn_rot}")
         t0 = time.perf_counter()
-        read = ll.llama_state_seq_set_data(self.b.ctx, handle.data, handle.nbytes, seq)
+        read = ll.llama_state_seq_set_data(self.live.ctx, handle.data, handle.nbytes, seq)
         if read == 0:  # llama.cpp found no room for the cells (and left the sequence empty)
             raise NoKVSlot()
         return time.perf_counter() - t0
 
     def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
-        bm = self.b.facts.bytes_model
+        bm = self.m.facts.bytes_model
         if bm.has_swa or bm.state_bytes:
             return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not all(self.b.flash_attn or k.quantized for k in (kv_from, kv_to)):
+        if not all(self.m.flash_attn or k.quantized for k in (kv_from, kv_to)):
             return "V is stored transposed without flash attention"
         return None
 
@@ -147,16 +144,16 @@ class LlamaCells:
 
         assert isinstance(handle, _SavedSeq)
         t0 = time.perf_counter()
-        f = self.b.facts
+        f = self.m.facts
         rot_from, rot_to = (rotation(k, f.head_dim_k, f.head_dim_v) for k in (handle.kv, kv))
-        if handle.kv == self.b.kv and tuple(bool(r) for r in rot_from) != self.b.attn_rot:
-            raise Unconvertible(f"llama.cpp rotates this {self.b.kv} cache as {self.b.attn_rot}, not as expected")
-        data = convert(memoryview(handle.data), f.n_layer, kv, self.b.n_threads, rot_from, rot_to)
+        if handle.kv == self.live.kv and tuple(bool(r) for r in rot_from) != self.live.attn_rot:
+            raise Unconvertible(f"llama.cpp rotates this {self.live.kv} cache as {self.live.attn_rot}, not as expected")
+        data = convert(memoryview(handle.data), f.n_layer, kv, self.m.n_threads, rot_from, rot_to)
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         return _SavedSeq(buf, len(data), kv, tuple(bool(r) for r in rot_to)), time.perf_counter() - t0
 
     def cells(self, seq: int) -> tuple[int, int]:
-        return ll.llama_memory_seq_pos_min(self.b.mem, seq), ll.llama_memory_seq_pos_max(self.b.mem, seq)
+        return ll.llama_memory_seq_pos_min(self.live.mem, seq), ll.llama_memory_seq_pos_max(self.live.mem, seq)
 
 
 @dataclass(frozen=True)

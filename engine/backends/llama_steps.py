@@ -4,20 +4,15 @@ logits the quality check keeps, the experts an MoE step routed to)."""
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import llama_cpp as ll
 import numpy as np
 
-from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS, NO_DRAFTS_RECURRENT, Landing, NoKVSlot, VerifyLanding
+from swarmtune.engine.backends.backend import Landing, VerifyLanding
+from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.backends.moe_routing import RoutingCounter
-from swarmtune.engine.errors import Interrupted
 from swarmtune.engine.kv_types import KVSetting
-
-if TYPE_CHECKING:
-    from swarmtune.engine.backends.llama_backend import LlamaBackend
 
 
 @dataclass(frozen=True)
@@ -30,31 +25,25 @@ class KeptLogits:
     logits: np.ndarray  # float32, one per vocabulary entry
 
 
+@dataclass
+class StepWatch:
+    """What the steps leave for others to read, across every live context a backend opens: the logits the
+    quality check keeps, and the experts an MoE step routed to."""
+
+    routing: RoutingCounter | None
+    # one sequence whose decode logits are kept (the live quality check compares them with a side context)
+    keep_seq: int | None = None
+    kept: deque[KeptLogits] = field(default_factory=deque)
+    last_distinct_experts: list[int] | None = None
+
+
 class LlamaSteps:
-    """Acts on its backend's live context and draws through its samplers."""
+    """The steps one live context runs, drawn through its samplers."""
 
-    def __init__(self, backend: "LlamaBackend", batch_tokens: int, routing: RoutingCounter | None) -> None:
-        self.b = backend
-        self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
-        self.batch_cap = batch_tokens
-        self.prefill_row: tuple[int, int] | None = None  # (seq, row) of the last prefill's logits
-        # one sequence whose decode logits are kept (the live quality check compares them with a side context)
-        self.keep_seq: int | None = None
-        self.kept: deque[KeptLogits] = deque()
-        self.routing = routing
-        self.last_distinct_experts: list[int] | None = None
-        self._abort_cb: object | None = None  # kept here: llama.cpp holds only the pointer
-        self.drafts = 0  # the drafted tokens a verify step may carry per sequence (allow_drafts)
-
-    def grow(self, batch_tokens: int) -> None:
-        """Room for batches of this many tokens (a context opened with more sequences than the batch held)."""
-        if batch_tokens > self.batch_cap:
-            ll.llama_batch_free(self.batch)
-            self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
-            self.batch_cap = batch_tokens
-
-    def free(self) -> None:
-        ll.llama_batch_free(self.batch)
+    def __init__(self, model: ModelHandle, live: LiveContext, watch: StepWatch, draft_rows: int) -> None:
+        self.m, self.live, self.watch = model, live, watch
+        self.batch, self.batch_cap = live.batch, live.batch_tokens
+        self.drafts = draft_rows  # the drafted tokens a verify step may carry per sequence (the context's room)
 
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         n = len(tokens)
@@ -70,9 +59,9 @@ class LlamaSteps:
             b.logits[j] = 0
         b.logits[n - 1] = 1  # the last row feeds the first sampled token
         t0 = time.perf_counter()
-        self.run()
-        ll.llama_synchronize(self.b.ctx)
-        self.prefill_row = (seq, n - 1)
+        self.live.run()
+        ll.llama_synchronize(self.live.ctx)
+        self.live.prefill_row = (seq, n - 1)
         return time.perf_counter() - t0
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
@@ -90,16 +79,16 @@ class LlamaSteps:
             b.n_seq_id[j] = 1
             b.seq_id[j][0] = seqs[j]
             b.logits[j] = 1
-        routing = self.routing
+        routing = self.watch.routing
         t0 = time.perf_counter()
         if routing is None:
-            self.run()
+            self.live.run()
         else:
             routing.begin()
             try:
-                self.run()
+                self.live.run()
             finally:
-                self.last_distinct_experts = routing.end()
+                self.watch.last_distinct_experts = routing.end()
         launched_s = time.perf_counter() - t0
         return lambda: self._land(seqs, tokens, positions, t0, launched_s)
 
@@ -118,9 +107,9 @@ class LlamaSteps:
         for j, (tok, pos, seq, out) in enumerate(rows):
             b.token[j], b.pos[j], b.n_seq_id[j], b.seq_id[j][0], b.logits[j] = tok, pos, 1, seq, out
         t0 = time.perf_counter()
-        self.run()
-        self.last_distinct_experts = None
-        self.prefill_row = (prefill_seq, n + m - 1)
+        self.live.run()
+        self.watch.last_distinct_experts = None
+        self.live.prefill_row = (prefill_seq, n + m - 1)
         launched_s = time.perf_counter() - t0
         return lambda: self._land(seqs, tokens, positions, t0, launched_s)
 
@@ -133,9 +122,9 @@ class LlamaSteps:
         would reject are cut from its list first (in place: the caller counts what was verified): no row is
         spent on a token whose draw the grammar could never make it."""
         for s, d in zip(seqs, drafts, strict=True):
-            if d and s in self.b.samplers.grammars:
+            if d and s in self.live.samplers.grammars:
                 # the draft follows the token fed, which the grammar has accepted when it was drawn
-                del d[self.b.samplers.grammar_allows(s, d):]
+                del d[self.live.samplers.grammar_allows(s, d):]
         b = self.batch
         n = len(seqs) + sum(len(d) for d in drafts)
         if n > self.batch_cap:
@@ -153,47 +142,39 @@ class LlamaSteps:
                 b.logits[j] = 1
                 j += 1
         t0 = time.perf_counter()
-        self.run()
-        self.last_distinct_experts = None
+        self.live.run()
+        self.watch.last_distinct_experts = None
         launched_s = time.perf_counter() - t0
 
         def landed() -> tuple[list[list[int]], float]:
             t_wait = time.perf_counter()
-            ll.llama_synchronize(self.b.ctx)
-            if self.keep_seq is not None and self.keep_seq in seqs:
-                k = seqs.index(self.keep_seq)
-                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.b.ctx, starts[k]), shape=(self.b.n_vocab,))
-                self.kept.append(KeptLogits(positions[k], tokens[k], self.b.kv, row.copy()))
-            out = self.b.samplers.verify(seqs, starts, drafts)
+            ll.llama_synchronize(self.live.ctx)
+            if self.watch.keep_seq is not None and self.watch.keep_seq in seqs:
+                k = seqs.index(self.watch.keep_seq)
+                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.live.ctx, starts[k]), shape=(self.m.n_vocab,))
+                self.watch.kept.append(KeptLogits(positions[k], tokens[k], self.live.kv, row.copy()))
+            out = self.live.samplers.verify(seqs, starts, drafts)
             at_once = t_wait - t0 - launched_s < 1e-4
             return out, (launched_s + time.perf_counter() - t_wait) if at_once else time.perf_counter() - t0
         return landed
 
-    def allow_drafts(self, n: int) -> str | None:
-        """Contexts made from now on verify up to n drafted tokens a sequence; None, or why not."""
-        if n and self.b.facts.bytes_model.state_bytes:
-            return NO_DRAFTS_RECURRENT
-        if 0 <= n <= MAX_DRAFT_TOKENS:  # past it the settings refuse the length, and nothing changes
-            self.drafts = n
-        return None
-
     def why_no_drafts(self, seq: int) -> str | None:
         if not self.drafts:
             return "the context has no room for drafted rows (allow_drafts)"
-        if self.b.samplers.penalised(seq) and seq in self.b.samplers.on_device:
+        if self.live.samplers.penalised(seq) and seq in self.live.samplers.on_device:
             return "a penalised chain drawn on the device would not see the drafts before each row"
         return None
 
     def _land(self, seqs: list[int], tokens: list[int], positions: list[int], t0: float,
               launched_s: float) -> tuple[list[int], float]:
         t_wait = time.perf_counter()
-        ctx = self.b.ctx
+        ctx = self.live.ctx
         ll.llama_synchronize(ctx)  # a device's step ends here, not in the first row sampled
-        if self.keep_seq is not None and self.keep_seq in seqs:
-            j = seqs.index(self.keep_seq)
-            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.b.n_vocab,))
-            self.kept.append(KeptLogits(positions[j], tokens[j], self.b.kv, row.copy()))
-        out = self.b.samplers.draw_rows(seqs)
+        if self.watch.keep_seq is not None and self.watch.keep_seq in seqs:
+            j = seqs.index(self.watch.keep_seq)
+            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, j), shape=(self.m.n_vocab,))
+            self.watch.kept.append(KeptLogits(positions[j], tokens[j], self.live.kv, row.copy()))
+        out = self.live.samplers.draw_rows(seqs)
         # waited for at once: the step's own seconds. Landed after other work: from its launch, the device's
         # step where the wait shows the device was still at it, an upper bound where the host was slower
         waited_at_once = t_wait - t0 - launched_s < 1e-4
@@ -202,37 +183,15 @@ class LlamaSteps:
     def keep_logits(self, seq: int | None, n: int = 0) -> None:
         """From now on keep the logits of seq's last n decode positions (a copy of each row, ~200 KB on a 49k
         vocabulary): what the live setting itself produced there. None stops and forgets them."""
-        self.keep_seq = seq
-        self.kept = deque(maxlen=max(n, 1))
-        self.b.samplers.keep(seq)  # its raw logits come back from the device
+        self.watch.keep_seq = seq
+        self.watch.kept = deque(maxlen=max(n, 1))
+        self.live.samplers.keep(seq)  # its raw logits come back from the device
 
     def first_token_after_prefill(self, seq: int) -> int:
         # Only the last llama_decode's output rows exist; sampling any other aborts the process in C.
-        if self.prefill_row is None or self.prefill_row[0] != seq:
+        if self.live.prefill_row is None or self.live.prefill_row[0] != seq:
             raise RuntimeError(f"no prefill output for sequence {seq} to sample from")
-        return self.b.samplers.draw(seq, self.prefill_row[1])
-
-    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
-        """While set, a llama_decode in progress gives up as soon as should_stop() says so (llama.cpp asks
-        between graph nodes): a long re-prefill stops at once when the user quits. Costs one Python call
-        per node, so it is set only around long steps."""
-        if should_stop is None:
-            self._abort_cb = None
-            ll.llama_set_abort_callback(self.b.ctx, ll.ggml_abort_callback(), None)
-            return
-        self._abort_cb = ll.ggml_abort_callback(lambda data: bool(should_stop()))
-        ll.llama_set_abort_callback(self.b.ctx, self._abort_cb, None)
-
-    def run(self) -> None:
-        """llama_decode of the batch as filled; the last prefill's row is gone with it."""
-        self.prefill_row = None
-        rc = ll.llama_decode(self.b.ctx, self.batch)
-        if rc == 1:
-            raise NoKVSlot()
-        if rc == 2 and self._abort_cb is not None:
-            raise Interrupted()
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
+        return self.live.samplers.draw(seq, self.live.prefill_row[1])
 
     def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
         """The logits that follow `token` at `pos` in seq, as this cache computes them; the cache is left
@@ -240,9 +199,9 @@ class LlamaSteps:
         b = self.batch
         b.n_tokens = 1
         b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = token, pos, 1, seq, 1
-        with self.b.samplers.raw(seq):  # its row's logits, not a token drawn on the device
-            self.run()
-            row = ll.llama_get_logits_ith(self.b.ctx, 0)
-            out = np.ctypeslib.as_array(row, shape=(self.b.n_vocab,)).copy()
-        ll.llama_memory_seq_rm(self.b.mem, seq, pos, -1)
+        with self.live.samplers.raw(seq):  # its row's logits, not a token drawn on the device
+            self.live.run()
+            row = ll.llama_get_logits_ith(self.live.ctx, 0)
+            out = np.ctypeslib.as_array(row, shape=(self.m.n_vocab,)).copy()
+        ll.llama_memory_seq_rm(self.live.mem, seq, pos, -1)
         return out
