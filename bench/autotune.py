@@ -541,7 +541,7 @@ def main() -> None:
         backend = LlamaBackend(read_model_facts(default_model_path()))
         # every turn generates its limit, as llama-batched-bench's do: where an end of generation was sampled
         # (which a run's batches change), two runs of the same turns generated 2,361 and 3,115 tokens
-        backend.is_eog = lambda token: False  # type: ignore[method-assign]
+        backend.text.is_eog = lambda token: False  # type: ignore[method-assign]
         try:
             changing = workload("changing workload: read 384-token results, write 192-token answers, read",
                                 lambda: backend, CHANGING, 1, "measured")

@@ -96,7 +96,7 @@ def kl_cost(all_traces: dict[str, list[TraceTurn]], threads: int) -> list[tuple[
         for name, turns in all_traces.items():
             held: dict[str, list[int]] = {}
             for t in turns:
-                prompt = b.tokenize(render.render(_messages(t)))
+                prompt = b.text.tokenize(render.render(_messages(t)))
                 old = held.get(t.conversation)
                 held[t.conversation] = prompt
                 if old is None:
@@ -110,11 +110,11 @@ def kl_cost(all_traces: dict[str, list[TraceTurn]], threads: int) -> list[tuple[
                 n_ctx = len(old) + len(prompt) + KL_TOKENS + 64
                 b.open(KV("f16"), 1, n_ctx)
                 _fill(b, old, 0)
-                kept = b.cut(0, keep, chunks)
+                kept = b.cells.cut(0, keep, chunks)
                 at = keep
                 for c, k in zip(chunks, kept, strict=True):
                     _fill(b, prompt[at : c.prompt_at], at)
-                    b.paste(0, k, c.prompt_at)
+                    b.cells.paste(0, k, c.prompt_at)
                     at = c.prompt_at + c.tokens
                 _fill(b, prompt[at:-1], at)
                 fresh.open(KV("f16"), 1, n_ctx)
@@ -135,9 +135,9 @@ def _follow(b, prompt: list[int], forced: list[int] | None) -> tuple[np.ndarray,
     else those tokens fed (the reference's continuation, so both caches are scored on the same text)."""
     rows, tokens, tok, pos = [], [], prompt[-1], len(prompt) - 1
     for i in range(KL_TOKENS):
-        row = b.next_logits(0, tok, pos)
+        row = b.steps.next_logits(0, tok, pos)
         rows.append(row)
-        b.prefill(0, [tok], pos)
+        b.steps.prefill(0, [tok], pos)
         tok, pos = (forced[i] if forced is not None else int(row.argmax())), pos + 1
         tokens.append(tok)
     return np.stack(rows), tokens
@@ -153,7 +153,7 @@ def paste_cost(threads: int, contexts: tuple[int, ...] = (512, 1024, 2048, 3072)
     from tests.agent_traces import tool_output
 
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
-    text = b.tokenize(" ".join(tool_output(random.Random(i), 4000) for i in range(8)))
+    text = b.text.tokenize(" ".join(tool_output(random.Random(i), 4000) for i in range(8)))
     out = []
     try:
         for n in contexts:
@@ -161,12 +161,12 @@ def paste_cost(threads: int, contexts: tuple[int, ...] = (512, 1024, 2048, 3072)
             b.open(KV("f16"), 1, n + 128)
             _fill(b, toks, 0)
             t0 = time.perf_counter()
-            (k,) = b.cut(0, n - 64, [Chunk(n - 64, n - 64 - 8, 64)])  # 8 tokens removed before it
-            b.paste(0, k, n - 72)
+            (k,) = b.cells.cut(0, n - 64, [Chunk(n - 64, n - 64 - 8, 64)])  # 8 tokens removed before it
+            b.cells.paste(0, k, n - 72)
             paste_s = time.perf_counter() - t0
-            b.truncate(0, n - 72)
+            b.cells.truncate(0, n - 72)
             t0 = time.perf_counter()
-            b.prefill(0, toks[n - 64 :], n - 72)
+            b.steps.prefill(0, toks[n - 64 :], n - 72)
             out.append((n, paste_s, time.perf_counter() - t0))
     finally:
         b.close()
@@ -175,7 +175,7 @@ def paste_cost(threads: int, contexts: tuple[int, ...] = (512, 1024, 2048, 3072)
 
 def _fill(b, tokens: list[int], at: int) -> None:
     for i in range(0, len(tokens), b.max_chunk_tokens):
-        b.prefill(0, tokens[i : i + b.max_chunk_tokens], at + i)
+        b.steps.prefill(0, tokens[i : i + b.max_chunk_tokens], at + i)
 
 
 def _messages(t: TraceTurn) -> list[dict]:

@@ -25,21 +25,42 @@ from swarmtune.engine.model.model_facts import read_model_facts
 
 
 class LoggingBackend(LlamaBackend):
+    """The engine's backend, its calls that write the cache logged (prefill, decode, drop) for the minimal
+    loop to replay."""
+
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.calls: list[tuple] = []
 
-    def prefill(self, seq, tokens, pos0):
-        self.calls.append(("p", seq, list(tokens), pos0))
-        return super().prefill(seq, tokens, pos0)
+    @property
+    def steps(self):
+        steps, calls = super().steps, self.calls
 
-    def decode(self, seqs, tokens, positions):
-        self.calls.append(("d", list(seqs), list(tokens), list(positions)))
-        return super().decode(seqs, tokens, positions)
+        class Logged:
+            def __getattr__(self, name):
+                return getattr(steps, name)
 
-    def drop(self, seq):
-        self.calls.append(("x", seq))
-        return super().drop(seq)
+            def prefill(self, seq, tokens, pos0):
+                calls.append(("p", seq, list(tokens), pos0))
+                return steps.prefill(seq, tokens, pos0)
+
+            def launch_decode(self, seqs, tokens, positions):
+                calls.append(("d", list(seqs), list(tokens), list(positions)))
+                return steps.launch_decode(seqs, tokens, positions)
+        return Logged()
+
+    @property
+    def cells(self):
+        cells, calls = super().cells, self.calls
+
+        class Logged:
+            def __getattr__(self, name):
+                return getattr(cells, name)
+
+            def drop(self, seq):
+                calls.append(("x", seq))
+                return cells.drop(seq)
+        return Logged()
 
 
 def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int, ctx: int) -> float:

@@ -183,7 +183,7 @@ def run_point(model: str, agents: int, steps: int, prompt_tokens: int, record_di
     async def client(i: int) -> None:
         # distinct prompts: no agent continues another's conversation
         text = f"Agent {i}: " + " ".join(f"w{(i * 7919 + j) % 997}" for j in range(prompt_tokens))
-        tokens = engine.backend.tokenize(text)[:prompt_tokens]
+        tokens = engine.backend.text.tokenize(text)[:prompt_tokens]
         req = bridge.request(tokens, None, Sampling(seed=i, ignore_eos=True), (), f"agent-{i}", "chat")
         q = bridge.submit(req)
         while type(await q.get()).__name__ not in ("Finished", "Closed"):

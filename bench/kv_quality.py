@@ -97,9 +97,9 @@ def main() -> None:
     # swarmtune, in process
     backend = LlamaBackend(read_model_facts(model), n_threads=a.threads)
     try:
-        tokens = backend.tokenize(Path(text).read_text(encoding="utf-8"))
+        tokens = backend.text.tokenize(Path(text).read_text(encoding="utf-8"))
         t0 = time.perf_counter()
-        figs = measure(backend, [tokens], SETTINGS, [a.ctx], bos=backend.bos_token(), max_windows=a.chunks)
+        figs = measure(backend, [tokens], SETTINGS, [a.ctx], bos=backend.text.bos_token(), max_windows=a.chunks)
         ours_wall = time.perf_counter() - t0
     finally:
         backend.close()

@@ -38,11 +38,11 @@ def kls(e: Engine, fresh: LlamaBackend) -> list[float]:
     for a in e.agents:
         if a.state is not AgentState.DECODE or a.next_token is None:
             continue
-        got = e.backend.next_logits(a.seq, a.next_token, a.context)
+        got = e.backend.steps.next_logits(a.seq, a.next_token, a.context)
         fresh.open(e.s.kv, 1, e.s.ctx_per_agent)
         for i in range(0, a.context, fresh.max_chunk_tokens):
-            fresh.prefill(0, a.history[i:i + fresh.max_chunk_tokens], i)
-        out.append(kl_nats(got, fresh.next_logits(0, a.next_token, a.context)))
+            fresh.steps.prefill(0, a.history[i:i + fresh.max_chunk_tokens], i)
+        out.append(kl_nats(got, fresh.steps.next_logits(0, a.next_token, a.context)))
     return out
 
 

@@ -44,7 +44,7 @@ def main() -> int:
     contexts = [int(x) for x in a.contexts.split(",")]
     n = a.batch + 1  # the decoding agents and the one being prefilled
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=a.threads, chunk_tokens=512)
-    text = b.tokenize("def step(self, batch):\n    return [agent.next() for agent in batch]\n" * 200)
+    text = b.text.tokenize("def step(self, batch):\n    return [agent.next() for agent in batch]\n" * 200)
     print(f"{a.batch} decoding agents + a {a.chunk}-token prefill, {b.n_threads} threads, {b.info.device}")
     print(f"{'context':>8s} {'two calls s':>12s} {'one call s':>11s} {'ratio':>6s}")
     mid = None
@@ -52,7 +52,7 @@ def main() -> int:
         b.open(KV("f16"), n, ctx + a.chunk + a.reps * 2 + 8)
         for s in range(n):  # every sequence holds ctx tokens
             for i in range(0, ctx, 256):
-                b.prefill(s, text[i : min(i + 256, ctx)], i)
+                b.steps.prefill(s, text[i : min(i + 256, ctx)], i)
         two, one = [], []
         pos = ctx
         for r in range(a.reps * 2 + 2):

@@ -32,10 +32,10 @@ def _steps(b: LlamaBackend, batch: int, n: int, pos0: int) -> list[float]:
     toks = [5 + s for s in seqs]
     out = []
     for i in range(n):
-        toks, sec = b.decode(seqs, toks, [pos0 + i] * batch)
+        toks, sec = b.steps.launch_decode(seqs, toks, [pos0 + i] * batch)()
         out.append(sec)
     for s in seqs:
-        b.truncate(s, pos0)
+        b.cells.truncate(s, pos0)
     return out
 
 
@@ -64,8 +64,8 @@ def main() -> int:
         for b in runs.values():
             b.open(KV("f16"), a.batch, 512)
             for s in range(a.batch):
-                b.seed_sampler(s, s)
-                b.prefill(s, [(t + 7 * s) % 250 + 3 for t in prompt], 0)
+                b.steps.seed_sampler(s, s)
+                b.steps.prefill(s, [(t + 7 * s) % 250 + 3 for t in prompt], 0)
             _steps(b, a.batch, 4, len(prompt))  # warm up
         times: dict[str, list[float]] = {k: [] for k in runs}
         distinct: list[float] = []
@@ -73,8 +73,8 @@ def main() -> int:
         while time.perf_counter() < t_end:
             for name, b in runs.items():
                 times[name] += _steps(b, a.batch, 8, len(prompt))
-            if on.last_distinct_experts:
-                distinct.append(statistics.mean(on.last_distinct_experts))
+            if on.watch.last_distinct_experts:
+                distinct.append(statistics.mean(on.watch.last_distinct_experts))
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"qwen3moe random weights: {a.layers} layers, n_embd {a.embd}, {a.experts} experts top-{a.used}, "
               f"batch {a.batch}, {a.threads} threads")

@@ -82,7 +82,7 @@ def run_side(profile: str, agents: int, steps: int, overlap: bool, record_dir: s
 
     async def client(i: int) -> None:
         text = f"Agent {i}: " + " ".join(f"w{(i * 7919 + j) % 997}" for j in range(64))
-        req = bridge.request(engine.backend.tokenize(text), None, Sampling(seed=i, ignore_eos=True), (),
+        req = bridge.request(engine.backend.text.tokenize(text), None, Sampling(seed=i, ignore_eos=True), (),
                              f"agent-{i}", "chat")
         q = bridge.submit(req)
         while type(await q.get()).__name__ not in ("Finished", "Closed"):

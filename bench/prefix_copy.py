@@ -28,37 +28,37 @@ def main() -> int:
     p.add_argument("--kv", type=KVSetting.parse, default="f16")
     a = p.parse_args()
     b = LlamaBackend(read_model_facts(default_model_path()), chunk_tokens=256)
-    text = b.tokenize("class Agent:\n    def turn(self, prompt):\n        return self.model(prompt)\n" * 300)
+    text = b.text.tokenize("class Agent:\n    def turn(self, prompt):\n        return self.model(prompt)\n" * 300)
     b.open(a.kv, 2, a.ctx)
-    b.seed_sampler(1, 0)
+    b.steps.seed_sampler(1, 0)
     print(f"{b.info.device}, {b.n_threads} threads, KV {a.kv}, {a.ctx} cells per stream")
     print(f"{'prefix':>7s} {'prefill s':>10s} {'copy s':>8s} {'ratio':>6s}")
     at256 = None
     for n in (int(x) for x in a.prefixes.split(",")):
         prefix, tail = text[:n], text[n : n + 8]
         for i in range(0, n, 256):  # the donor holds the prefix
-            b.prefill(0, prefix[i : i + 256], i)
+            b.steps.prefill(0, prefix[i : i + 256], i)
         fill, copy = [], []
         for _ in range(a.reps):
-            b.drop(1)
+            b.cells.drop(1)
             t0 = time.perf_counter()
             for i in range(0, n, 256):
-                b.prefill(1, prefix[i : i + 256], i)
-            b.prefill(1, tail, n)
-            b.first_token_after_prefill(1)
+                b.steps.prefill(1, prefix[i : i + 256], i)
+            b.steps.prefill(1, tail, n)
+            b.steps.first_token_after_prefill(1)
             fill.append(time.perf_counter() - t0)
-            b.drop(1)
+            b.cells.drop(1)
             t0 = time.perf_counter()
-            b.copy(0, 1)
-            b.truncate(1, n)
-            b.prefill(1, tail, n)  # the copy is made in this call's update, before its compute
-            b.first_token_after_prefill(1)
+            b.cells.copy(0, 1)
+            b.cells.truncate(1, n)
+            b.steps.prefill(1, tail, n)  # the copy is made in this call's update, before its compute
+            b.steps.first_token_after_prefill(1)
             copy.append(time.perf_counter() - t0)
         f, c = statistics.median(fill), statistics.median(copy)
         print(f"{n:7d} {f:10.4f} {c:8.4f} {c / f:6.3f}")
         if n == 256:
             at256 = c / f
-        b.drop(0)
+        b.cells.drop(0)
     b.close()
     if at256 is not None:
         print(f"ratio: {at256:.3f}")

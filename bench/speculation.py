@@ -70,7 +70,7 @@ def run_side(batch: int, draft: str, tokens_per_agent: int, threads: int) -> Sid
 
     BatchRunner.goes_on = seen  # type: ignore[method-assign]
     b = LlamaBackend(read_model_facts(default_model_path()), n_threads=threads)
-    b.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
+    b.steps.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
     n, auto = (AUTO_DRAFT_TOKENS, True) if draft == "auto" else (int(draft), False)
     e = Engine(b, EngineSettings(agents=batch, batch_cap=batch, draft_tokens=n, draft_auto=auto, seed=1,
                                  gen_tokens=256, reference=False, check=False))

@@ -81,7 +81,7 @@ def main() -> None:
 
     print(f"tuner cost on {cpu_name()}: the changing workload, {args.rounds} rounds of A B C C B A", flush=True)
     backend = LlamaBackend(read_model_facts(default_model_path()))
-    backend.is_eog = lambda token: False  # type: ignore[method-assign]  # every turn its limit, as autotune's
+    backend.text.is_eog = lambda token: False  # type: ignore[method-assign]  # every turn its limit, as autotune's
     runs: dict[str, list[dict]] = {name: [] for name, _ in ARMS}
     made: list[TimedTuner] = []  # the tuned arms' tuners, for what observe took
     try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.agents.agent_source import AgentSource
-from swarmtune.engine.backends.backend import Backend, Landing, NoKVSlot
+from swarmtune.engine.backends.backend import Backend, NoKVSlot
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
 from swarmtune.engine.kv_types import KVSetting
@@ -74,14 +74,14 @@ class BatchRunner:
         for a in plan.preempt or []:
             self.preempt(a, step)
         if plan.kind == "decode" and plan.agents and launch:
-            return self._decode(plan, preempted, step, agents, launch)
+            return self._decode(plan, preempted, step, agents)
         return lambda: self._run(plan, preempted, step, agents)
 
     def _run(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Ran:
         if plan.kind == "prefill":
             return self._prefill(plan, preempted, step, agents)
         if plan.kind == "decode" and plan.agents:
-            return self._decode(plan, preempted, step, agents, launch=False)()
+            return self._decode(plan, preempted, step, agents)()
         if any(a.waiting for a in agents):
             return self._idle(agents)
         raise Stalled("no agent can run: the KV budget is too small for the swarm")
@@ -92,7 +92,7 @@ class BatchRunner:
             self.parking.drop(a)
             return
         self.moves.lose(a)
-        self.backend.drop(a.seq)
+        self.backend.cells.drop(a.seq)
         a.preempted()
 
     def wake_tools(self, agents: list[Agent], now_s: float, room_tokens: Callable[[], int]) -> None:
@@ -114,9 +114,9 @@ class BatchRunner:
     def goes_on(self, a: Agent, tok: int) -> bool:
         """tok is a's next token, its turn going on; False: the turn ends before it."""
         source = self.workload
-        if not (self.backend.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit):
+        if not (self.backend.text.is_eog(tok) or a.turn_generated >= source.turn_limit(a) or a.context + 2 >= a.limit):
             a.next_token = tok
-            if source.on_token(a, tok, self.backend.piece(tok)):
+            if source.on_token(a, tok, self.backend.text.piece(tok)):
                 return True
         return False
 
@@ -139,7 +139,7 @@ class BatchRunner:
         try:
             n, note = self._next_chunk(plan.chunk, a, agents)
             chunk, pos0 = a.pending[:n], a.context
-            seconds = self.backend.prefill(a.seq, chunk, pos0)
+            seconds = self.backend.steps.prefill(a.seq, chunk, pos0)
             self.analysis.chunk_timed(self.s.kv, n, pos0, seconds)
             a.prefilled(n)
             self._paste_due(a)
@@ -160,7 +160,7 @@ class BatchRunner:
         a.served(step)
         if not a.pending:
             a.ready()
-            self.sampled(a, self.backend.first_token_after_prefill(a.seq), seconds, agents)
+            self.sampled(a, self.backend.steps.first_token_after_prefill(a.seq), seconds, agents)
 
     def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
         """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
@@ -196,7 +196,7 @@ class BatchRunner:
         (engine/conversation/chunk_reuse.py)."""
         while a.kept and a.kept[0].at == a.context:
             k = a.kept[0]
-            seconds = self.backend.paste(a.seq, k.handle, k.at)
+            seconds = self.backend.cells.paste(a.seq, k.handle, k.at)
             a.pasted()
             self.moves.add(a, "paste", int(self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context)),
                            seconds, a.context)
@@ -211,8 +211,7 @@ class BatchRunner:
             return False
         return self.analysis.reference_due(self.s.kv, [a.context for a in batch], self.since_reference)
 
-    def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent],
-                launch: bool) -> Callable[[], Ran]:
+    def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Callable[[], Ran]:
         batch = plan.agents
         note = ""
         self.since_reference += 1
@@ -240,7 +239,7 @@ class BatchRunner:
                     return self._verify(batch, sent, drafts, preempted, step, agents)
                 if mixed is not None:
                     return self._mixed(batch, sent, mixed, plan.chunk, preempted, step, agents)
-                landing = self._launch([a.seq for a in batch], sent, [a.context for a in batch], launch)
+                landing = self.backend.steps.launch_decode([a.seq for a in batch], sent, [a.context for a in batch])
                 break
             except NoKVSlot:
                 if drafts is not None or mixed is not None:  # the cells drafts or a chunk needed: without first
@@ -273,7 +272,7 @@ class BatchRunner:
         """A decode step that carries a's next prefill chunk in the same call (engine/mix_policy.py)."""
         n, note = self._next_chunk(chunk, a, agents)
         pos0 = a.context
-        landing = self.backend.launch_mixed([x.seq for x in batch], sent, [x.context for x in batch], a.seq,
+        landing = self.backend.steps.launch_mixed([x.seq for x in batch], sent, [x.context for x in batch], a.seq,
                                             a.pending[:n], pos0)
 
         def landed() -> Ran:
@@ -293,7 +292,7 @@ class BatchRunner:
         """A decode step that verifies drafts: each agent keeps the drafts its own draws agreed with, then the
         draw after them; the cells of those it did not keep (or kept past its turn's end) are removed."""
         before = [a.context for a in batch]
-        landing = self.backend.launch_verify([a.seq for a in batch], sent, before, drafts)
+        landing = self.backend.steps.launch_verify([a.seq for a in batch], sent, before, drafts)
 
         drafting_s = self.drafts.spent_s  # a draft model's calls: the step's own seconds
 
@@ -313,7 +312,7 @@ class BatchRunner:
                     if i < len(k) - 1:  # a draft kept: its cell is written, it is fed
                         a.decoded(tok, step)
                 if ctx0 + 1 + len(d) > a.context:  # cells past its history: drafts rejected, or past the turn
-                    self.backend.truncate(a.seq, a.context)
+                    self.backend.cells.truncate(a.seq, a.context)
                 # the drafts it kept, not those its draws agreed with past its turn's end; counted before the
                 # turn ends, so that its request counts them
                 self.drafts.verified(a, len(d), a.context - ctx0 - 1)
@@ -323,9 +322,3 @@ class BatchRunner:
             return Ran("decode", batch, seconds, len(batch) + accepted, preempted, drafts=sum(1 for d in drafts if d),
                        drafted=sum(len(d) for d in drafts), accepted=accepted, drafting_s=drafting_s)
         return landed
-
-    def _launch(self, seqs: list[int], tokens: list[int], positions: list[int], launch: bool) -> Landing:
-        if launch:
-            return self.backend.launch_decode(seqs, tokens, positions)
-        done = self.backend.decode(seqs, tokens, positions)  # a backend (a bench's stand-in) with decode alone
-        return lambda: done

@@ -17,7 +17,7 @@ def check_caches(backend: Backend, agents: list[Agent]) -> None:
         if a.seq >= backend.n_seqs:
             continue  # added beyond the open streams: it starts at the next rebuild
         used.add(a.seq)
-        lo, hi = backend.cells(a.seq)
+        lo, hi = backend.cells.span(a.seq)
         if a.residency is not Residency.CACHE or not a.context:
             ok = (lo, hi) == (-1, -1)
         else:
@@ -26,5 +26,5 @@ def check_caches(backend: Backend, agents: list[Agent]) -> None:
             raise CacheMismatch(f"agent {a.id} (sequence {a.seq}, {a.state.value}) has {a.context} tokens of "
                                 f"history but its cache holds positions {lo}..{hi}")
     for seq in range(backend.n_seqs):
-        if seq not in used and backend.cells(seq) != (-1, -1):
-            raise CacheMismatch(f"sequence {seq} belongs to no agent but holds positions {backend.cells(seq)}")
+        if seq not in used and backend.cells.span(seq) != (-1, -1):
+            raise CacheMismatch(f"sequence {seq} belongs to no agent but holds positions {backend.cells.span(seq)}")

@@ -88,7 +88,7 @@ class Engine:
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
         # overlap: the next decode step is launched before a step's record goes to its readers, where the
         # backend's steps run on a device while the host goes on (docs/host.md)
-        self.overlap = self.s.overlap if self.s.overlap is not None else backend.launches_async
+        self.overlap = self.s.overlap if self.s.overlap is not None else backend.caps.launches_async
         self._landing: Callable[[], Ran] | None = None  # the step launched and not yet landed
 
     # setup
@@ -211,7 +211,7 @@ class Engine:
         while len(self.agents) > n:
             # a served agent waiting for its client goes first: one serving a request takes it with it
             a = max(self.agents, key=lambda x: (x.state is AgentState.CLIENT, x.id))
-            self.backend.drop(a.seq)
+            self.backend.cells.drop(a.seq)
             self.agents.remove(a)
         next_id = max((a.id for a in self.agents), default=-1) + 1
         self.slots = self._slots_for(n)  # where it grew, the next step rebuilds the context with room for them

@@ -42,7 +42,7 @@ def convert_histories(backend: Backend, agents: list[Agent], old: KVSetting, kv:
                       moves: MoveLog) -> Converted:
     """Before the old cache closes: every cached history (and every swapped one) saved and converted to kv.
     A failure midway converts nothing (the old cache is still open)."""
-    why = "off (--no-kv-convert)" if not allowed else backend.can_convert(old, kv)
+    why = "off (--no-kv-convert)" if not allowed else backend.caps.converts(old, kv)
     if why is not None:
         return Converted(why_not=why)
     out = Converted()
@@ -61,15 +61,15 @@ def convert_histories(backend: Backend, agents: list[Agent], old: KVSetting, kv:
                     handle = a.swapped
                     nbytes = getattr(a.swapped, "nbytes", 0)
                 elif a.residency is Residency.CACHE and a.seq < backend.n_seqs:
-                    handle, nbytes, seconds = backend.save_seq(a.seq)
+                    handle, nbytes, seconds = backend.cells.save_seq(a.seq)
                     out.saved[a.id] = handle
                     moves.add(a, "convert_save", nbytes, seconds)
                 else:
                     continue
                 if overlap:
-                    converting.append((a, nbytes, pool.submit(backend.convert_saved, handle, kv)))
+                    converting.append((a, nbytes, pool.submit(backend.cells.convert_saved, handle, kv)))
                 else:
-                    out.states[a.id], seconds = backend.convert_saved(handle, kv)
+                    out.states[a.id], seconds = backend.cells.convert_saved(handle, kv)
                     moves.add(a, "convert", nbytes, seconds)
             done = [(a, nbytes, *f.result()) for a, nbytes, f in converting]
     except Unconvertible as e:
@@ -103,7 +103,7 @@ def restore_histories(backend: Backend, agents: list[Agent], states: dict[int, o
         if used_tokens([x for x in agents if x.id in out.ids]) + a.context > budget_tokens:
             continue  # the smaller budget cannot hold it: prefilled (or preempted) by the caller
         try:
-            out.seconds += backend.restore_seq(a.seq, handle)
+            out.seconds += backend.cells.restore_seq(a.seq, handle)
         except (NoKVSlot, Unconvertible):
             continue  # no room after all, or not the layout it was converted for: prefilled again
         out.ids.add(a.id)
@@ -197,13 +197,13 @@ class KVSwitch:
                     if should_stop():
                         raise Interrupted()
                     chunk = a.pending[: self.s.chunk_tokens]
-                    seconds += self.backend.prefill(a.seq, chunk, a.context)
+                    seconds += self.backend.steps.prefill(a.seq, chunk, a.context)
                     a.prefilled(len(chunk))
                     done += len(chunk)
                     progress("rebuild", done, total)
                 if not a.waiting:  # a waiting agent samples after what it waits for
                     a.ready()
-                    self.runner.sampled(a, self.backend.first_token_after_prefill(a.seq), 0.0, agents)
+                    self.runner.sampled(a, self.backend.steps.first_token_after_prefill(a.seq), 0.0, agents)
         finally:
             self.backend.interrupt_with(None)
         return seconds, done, preempted

@@ -37,7 +37,7 @@ class MixPolicy:
 
     @property
     def measuring(self) -> bool:
-        return self.s.mix is None and self.backend.launches_async and self.backend.why_no_mix() is None
+        return self.s.mix is None and self.backend.caps.launches_async and self.backend.caps.mix is None
 
     def pays(self) -> bool:
         return len(self.ratios) >= 3 and statistics.median(self.ratios) * MARGIN < 1

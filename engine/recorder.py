@@ -39,7 +39,9 @@ class Recorder:
         contexts = [a.context for a in batch]
         # a tuner's forecast reads only a step's time, tokens and energy: no bytes, no agents' views
         lean = self.analysis.forecasting
-        measured = getattr(self.backend, "last_distinct_experts", None) if kind == "decode" else None
+        # llama.cpp's MoE counter (engine/backends/llama_steps.py StepWatch), where it counts
+        watch = getattr(self.backend, "watch", None) if kind == "decode" else None
+        measured = watch.last_distinct_experts if watch is not None else None
         distinct = sum(measured) / len(measured) if measured else None
         read = None if lean else bm.step_read(kv, contexts, tokens, distinct)
         kv_bytes = read.kv_bytes if read is not None else 0.0

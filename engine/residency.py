@@ -57,8 +57,8 @@ class Parking:
         if self.s.residency == "keep" or not a.context:
             return
         if self.s.residency == "swap":
-            handle, nbytes, seconds = self.backend.save_seq(a.seq)
-            self.backend.drop(a.seq)
+            handle, nbytes, seconds = self.backend.cells.save_seq(a.seq)
+            self.backend.cells.drop(a.seq)
             a.swapped_out(handle)
             self.moves.add(a, "swap_out", nbytes, seconds)
             self._bound_swapped(agents)
@@ -68,7 +68,7 @@ class Parking:
     def drop(self, a: Agent) -> None:
         """a's cells go (its history is prefilled again when it runs next)."""
         self.moves.lose(a)
-        self.backend.drop(a.seq)
+        self.backend.cells.drop(a.seq)
         self.moves.add(a, "drop", self.backend.facts.bytes_model.kv_cache_bytes(self.s.kv, a.context), 0.0,
                        source="modeled")
         a.evict()
@@ -79,7 +79,7 @@ class Parking:
         try:
             if a.context > room_tokens:
                 raise NoKVSlot()
-            seconds = self.backend.restore_seq(a.seq, a.swapped)
+            seconds = self.backend.cells.restore_seq(a.seq, a.swapped)
             self.moves.add(a, "swap_in", getattr(a.swapped, "nbytes", 0), seconds)
             a.swapped_in()
         except NoKVSlot:

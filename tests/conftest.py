@@ -103,8 +103,8 @@ def prefill_code(b, n_seqs: int = 2) -> tuple[list[int], int, tuple[int, int], o
     """A live f16 cache whose sequence 0 holds 120 tokens of code: (its tokens, a next token, its cells, the
     next-token logits there). What a test that moves or sets aside a cache compares against."""
     b.open(KV("f16"), n_seqs, 512)
-    b.seed_sampler(0, 1)
-    tokens = b.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
-    b.prefill(0, tokens, 0)
-    nxt = b.tokenize(" #")[0]
-    return tokens, nxt, b.cells(0), b.next_logits(0, nxt, len(tokens))
+    b.steps.seed_sampler(0, 1)
+    tokens = b.text.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n" * 4)[:120]
+    b.steps.prefill(0, tokens, 0)
+    nxt = b.text.tokenize(" #")[0]
+    return tokens, nxt, b.cells.span(0), b.steps.next_logits(0, nxt, len(tokens))

@@ -98,13 +98,13 @@ def one_call_under_grammar(tmp_path: Path, template_name: str, tool: dict[str, A
             grammar, triggers = fmt.call_grammar([tool], parallel=False), ()
         else:
             grammar, triggers = Bridge.held(plan_tools([tool], choice, fmt, parallel=False), reader)
-        assert grammar is not None and backend.check_grammar(grammar) is None
+        assert grammar is not None and backend.text.check_grammar(grammar) is None
         served = ServedAgents(backend)
         e = Engine(backend, EngineSettings(agents=2, ctx_per_agent=2048, check=True, reference=False),
                    agents=served)
         done: list[Finished] = []
         out: list[str] = []
-        served.submit(ServedRequest(prompt=backend.tokenize(text), max_tokens=max_tokens,
+        served.submit(ServedRequest(prompt=backend.text.tokenize(text), max_tokens=max_tokens,
                                     params=SamplingParams(temperature=1.0, seed=seed, grammar=grammar),
                                     emit=lambda ev: done.append(ev) if isinstance(ev, Finished)
                                     else out.append(ev.text)))

@@ -198,22 +198,22 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
         # other sequences (each memory type's seq_cp), which then decode tokens of their own
         prompt = [(3 * i) % 250 + 3 for i in range(PROMPT)]
         for i in range(0, PROMPT, CHUNK):
-            b.prefill(0, prompt[i : i + CHUNK], i)
+            b.steps.prefill(0, prompt[i : i + CHUNK], i)
         seqs = list(range(N_SEQS))
         for s in seqs:
-            b.seed_sampler(s, s)
+            b.steps.seed_sampler(s, s)
             if s:
-                b.copy(0, s)
+                b.cells.copy(0, s)
         toks = [10 + 40 * s for s in seqs]
         for step in range(3):
-            toks, seconds = b.decode(seqs, toks, [PROMPT + step] * N_SEQS)
+            toks, seconds = b.steps.launch_decode(seqs, toks, [PROMPT + step] * N_SEQS)()
             assert len(toks) == N_SEQS and all(0 <= t < tg.VOCAB for t in toks) and seconds > 0
             if bm.is_moe:
-                d = b.last_distinct_experts
+                d = b.watch.last_distinct_experts
                 n_moe = sum(1 for x in bm.expert_bytes_per_layer if x > 0)
                 assert d is not None and len(d) == n_moe
                 assert all(bm.n_expert_used <= x <= min(bm.n_expert, N_SEQS * bm.n_expert_used) for x in d)
-        first, last = b.cells(0)  # a recurrent memory keeps its last position only
+        first, last = b.cells.span(0)  # a recurrent memory keeps its last position only
         assert last == PROMPT + 2 and (bm.state_bytes > 0 or first == 0)
     finally:
         b.close()
@@ -227,10 +227,10 @@ def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
     try:
         assert b.routing is None and b.info.settings["moe_routing"] == "modeled"
         b.open(KV("f16"), 2, 256)
-        b.seed_sampler(0, 0)
-        b.seed_sampler(1, 1)
-        b.decode([0, 1], [5, 6], [0, 0])
-        assert b.last_distinct_experts is None
+        b.steps.seed_sampler(0, 0)
+        b.steps.seed_sampler(1, 1)
+        b.steps.launch_decode([0, 1], [5, 6], [0, 0])()
+        assert b.watch.last_distinct_experts is None
     finally:
         b.close()
 
@@ -305,13 +305,13 @@ def test_a_model_without_a_template_speaks_its_family_format(tiny_models):
     gemma = LlamaBackend(read_model_facts(tiny_models["gemma3"]), n_threads=1)
     try:
         assert "built-in 'gemma'" in gemma.info.settings["chat_template"]
-        assert gemma.chat(msgs, add_assistant=True).startswith("<start_of_turn>user\nhi<end_of_turn>")
+        assert gemma.text.chat(msgs, add_assistant=True).startswith("<start_of_turn>user\nhi<end_of_turn>")
     finally:
         gemma.close()
     mamba = LlamaBackend(read_model_facts(tiny_models["mamba"]), n_threads=1)
     try:
         assert mamba.info.settings["chat_template"].startswith("ChatML")  # llama.cpp has none for mamba
-        assert mamba.chat(msgs, add_assistant=True).startswith("<|im_start|>user\nhi<|im_end|>")
+        assert mamba.text.chat(msgs, add_assistant=True).startswith("<|im_start|>user\nhi<|im_end|>")
     finally:
         mamba.close()
 

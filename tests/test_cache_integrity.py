@@ -43,14 +43,14 @@ def assert_each_agent_continues_its_own_text(e: Engine, fresh, most: int = 2,
     ready = [a for a in e.agents
              if a.state is AgentState.DECODE and a.next_token is not None and a.seq < e.backend.n_seqs]
     for a in sorted(ready, key=lambda x: -x.context)[:most]:
-        got = e.backend.next_logits(a.seq, a.next_token, a.context)
+        got = e.backend.steps.next_logits(a.seq, a.next_token, a.context)
         fresh.open(e.s.kv, 1, e.s.ctx_per_agent)
         for i in range(0, a.context, fresh.max_chunk_tokens):
-            fresh.prefill(0, a.history[i : i + fresh.max_chunk_tokens], i)
-        want = fresh.next_logits(0, a.next_token, a.context)
+            fresh.steps.prefill(0, a.history[i : i + fresh.max_chunk_tokens], i)
+        want = fresh.steps.next_logits(0, a.next_token, a.context)
         # and the comparison has teeth: the same token after an empty cache is another distribution
         fresh.open(e.s.kv, 1, e.s.ctx_per_agent)
-        wiped = fresh.next_logits(0, a.next_token, 0)
+        wiped = fresh.steps.next_logits(0, a.next_token, 0)
         kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
         KL_SEEN.append((e.s.kv, kl, kl_wiped))
         print(f"agent {a.id} kv {e.s.kv}: KL {kl:.5f} nats (wiped cache: {kl_wiped:.3f})")
@@ -77,7 +77,7 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
         r = e.step()
         assert r.kind == "rebuild" and r.kv_type == kv.label
         # the rebuild re-prefilled every history, and nothing else touched the caches
-        assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents)
+        assert all(llama_backend.cells.span(a.seq) == (0, a.context - 1) for a in e.agents)
         assert r.tokens == sum(a.context for a in e.agents)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)
@@ -97,7 +97,7 @@ def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backe
         held = sum(a.context for a in e.agents if a.context)
         assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
         assert "converted" in r.note and {m.op for m in r.moved} >= {"convert", "convert_save"}
-        assert all(llama_backend.cells(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
+        assert all(llama_backend.cells.span(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 2
         _run(e, 5)
         assert assert_each_agent_continues_its_own_text(e, fresh) >= 1
@@ -159,6 +159,6 @@ def test_the_check_catches_a_wiped_cache(llama_backend):
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 10)
     victim = next(a for a in e.agents if a.context)
-    llama_backend.drop(victim.seq)  # what the old probe did after a KV switch
+    llama_backend.cells.drop(victim.seq)  # what the old probe did after a KV switch
     with pytest.raises(CacheMismatch, match=f"agent {victim.id}"):
         e.step()

@@ -128,7 +128,7 @@ def test_a_history_dropped_while_it_waited_says_so():
     first = toks(e, "alpha works on the lexer " * 20)
     r1, _ = served_turn(e, served, first)
     a = e.agents[0]
-    e.backend.drop(a.seq)  # what residency `drop` does to an idle agent
+    e.backend.cells.drop(a.seq)  # what residency `drop` does to an idle agent
     a.evict()
     assert a.residency is Residency.NONE
     _, rec = served_turn(e, served, first + toks(e, " user: go on"))

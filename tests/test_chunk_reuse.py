@@ -90,10 +90,10 @@ def turn(e: Engine, served: ServedAgents, prompt: list[int]):
 
 
 def header_turns(e: Engine, served: ServedAgents) -> tuple[list[int], list[int]]:
-    body = e.backend.tokenize("user: the parser drops the last field of a quoted row; find out why " * 12)
-    first = e.backend.tokenize("system: billing cch=0a1b; you are a coding agent. ") + body
+    body = e.backend.text.tokenize("user: the parser drops the last field of a quoted row; find out why " * 12)
+    first = e.backend.text.tokenize("system: billing cch=0a1b; you are a coding agent. ") + body
     turn(e, served, first)
-    again = e.backend.tokenize("system: billing cch=9z8y7x; you are a coding agent. ") + body
+    again = e.backend.text.tokenize("system: billing cch=9z8y7x; you are a coding agent. ") + body
     return first, again
 
 
@@ -121,7 +121,8 @@ def test_a_kv_switch_before_the_chunks_are_back_prefills_them_instead():
     e, served = make(cache_reuse=32)
     first, again = header_turns(e, served)
     # a header that grew by more than a prefill chunk: the first step does not reach the kept chunk
-    again = e.backend.tokenize("system: billing cch=" + "9z8y7x " * 40 + "; you are a coding agent. ") + first[-150:]
+    header = "system: billing cch=" + "9z8y7x " * 40 + "; you are a coding agent. "
+    again = e.backend.text.tokenize(header) + first[-150:]
     r, c = ask(e, served, again, max_tokens=4)
     e.step()  # the request reaches its agent: chunks cut, not yet pasted
     agent = next(a for a in e.agents if a.id == r.agent)
@@ -135,31 +136,31 @@ def test_a_kv_switch_before_the_chunks_are_back_prefills_them_instead():
 def test_kept_cells_continue_the_prompt_as_a_full_prefill_does(llama_backend, fresh):
     b = llama_backend
     text = "def parse(row):\n    fields = row.split(',')\n    return [f.strip() for f in fields]\n" * 14
-    old = b.tokenize(b.chat([{"role": "system", "content": "cch=0a1b2c; you are a coding agent"},
+    old = b.text.tokenize(b.text.chat([{"role": "system", "content": "cch=0a1b2c; you are a coding agent"},
                              {"role": "user", "content": text}], add_assistant=True))
-    new = b.tokenize(b.chat([{"role": "system", "content": "cch=9z8y7x6w5v; you are a coding agent"},
+    new = b.text.tokenize(b.text.chat([{"role": "system", "content": "cch=9z8y7x6w5v; you are a coding agent"},
                              {"role": "user", "content": text}], add_assistant=True))
     keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
     chunks = plan(old, new, keep, 64)
     assert len(chunks) == 1 and chunks[0].shift > 0  # the value grew: its chunk moves up
     b.open(KV("f16"), 2, 2048)
     for i in range(0, len(old), b.max_chunk_tokens):
-        b.prefill(0, old[i : i + b.max_chunk_tokens], i)
-    (kept,) = b.cut(0, keep, chunks)
+        b.steps.prefill(0, old[i : i + b.max_chunk_tokens], i)
+    (kept,) = b.cells.cut(0, keep, chunks)
     c = chunks[0]
-    b.prefill(0, new[keep : c.prompt_at], keep)
-    b.paste(0, kept, c.prompt_at)
+    b.steps.prefill(0, new[keep : c.prompt_at], keep)
+    b.cells.paste(0, kept, c.prompt_at)
     end = c.prompt_at + c.tokens
     if end < len(new) - 1:
-        b.prefill(0, new[end:-1], end)
-    assert b.cells(0) == (0, len(new) - 2)
-    got = b.next_logits(0, new[-1], len(new) - 1)
+        b.steps.prefill(0, new[end:-1], end)
+    assert b.cells.span(0) == (0, len(new) - 2)
+    got = b.steps.next_logits(0, new[-1], len(new) - 1)
     fresh.open(KV("f16"), 1, 2048)
     for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
-        fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
-    want = fresh.next_logits(0, new[-1], len(new) - 1)
+        fresh.steps.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
+    want = fresh.steps.next_logits(0, new[-1], len(new) - 1)
     fresh.open(KV("f16"), 1, 2048)
-    wiped = fresh.next_logits(0, new[-1], 0)
+    wiped = fresh.steps.next_logits(0, new[-1], 0)
     kl, kl_wiped = _kl_nats(got, want), _kl_nats(wiped, want)
     print(f"kept {c.tokens} of {len(new)} tokens: KL {kl:.5f} nats against a full prefill (wiped: {kl_wiped:.3f})")
     assert kl < 0.05 and kl_wiped > 1.0
@@ -181,7 +182,7 @@ def parent_after_subagents(lru: bool):
     e, served = make(cache_reuse=32, agents=3)
     if lru:  # the least-recent rule, for the contrast
         served._victim = lambda free: min(free, key=lambda a: (served._last_used.get(a.id, 0.0), a.id))
-    tok = e.backend.tokenize
+    tok = e.backend.text.tokenize
     system = tok("system: you are a coding agent; tools: read, grep, edit, run the tests. " * 6)
     r, _ = turn(e, served, system + tok("user: migrate the config loader to the settings API. " * 8))
     parent = next(a for a in e.agents if a.id == r.agent)
@@ -203,29 +204,29 @@ def test_two_chunks_back_to_back_are_each_where_the_prompt_has_them(llama_backen
     """A replaced value, then a removal between two kept runs: the second chunk is pasted right after the
     first, with no decode between them (the first one's shift must be in its K before the state is saved)."""
     b = llama_backend
-    words = [b.tokenize(f" step {i}: read module_{i}.py, then run its tests and note what failed.")
+    words = [b.text.tokenize(f" step {i}: read module_{i}.py, then run its tests and note what failed.")
              for i in range(40)]
-    old = b.tokenize("cch=0a1b2c;") + sum(words, [])
-    new = b.tokenize("cch=9z8y7x6w;") + sum(words[:20] + words[24:], []) + b.tokenize(" next")
+    old = b.text.tokenize("cch=0a1b2c;") + sum(words, [])
+    new = b.text.tokenize("cch=9z8y7x6w;") + sum(words[:20] + words[24:], []) + b.text.tokenize(" next")
     keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
     chunks = plan(old, new, keep, 16)
     assert len(chunks) == 2 and chunks[1].prompt_at == chunks[0].prompt_at + chunks[0].tokens
     b.open(KV("f16"), 1, 2048)
     for i in range(0, len(old), b.max_chunk_tokens):
-        b.prefill(0, old[i : i + b.max_chunk_tokens], i)
-    kept = b.cut(0, keep, chunks)
+        b.steps.prefill(0, old[i : i + b.max_chunk_tokens], i)
+    kept = b.cells.cut(0, keep, chunks)
     if chunks[0].prompt_at > keep:
-        b.prefill(0, new[keep : chunks[0].prompt_at], keep)
+        b.steps.prefill(0, new[keep : chunks[0].prompt_at], keep)
     for c, k in zip(chunks, kept, strict=True):
-        b.paste(0, k, c.prompt_at)
+        b.cells.paste(0, k, c.prompt_at)
     end = chunks[1].prompt_at + chunks[1].tokens
     if end < len(new) - 1:
-        b.prefill(0, new[end:-1], end)
-    got = b.next_logits(0, new[-1], len(new) - 1)
+        b.steps.prefill(0, new[end:-1], end)
+    got = b.steps.next_logits(0, new[-1], len(new) - 1)
     fresh.open(KV("f16"), 1, 2048)
     for i in range(0, len(new) - 1, fresh.max_chunk_tokens):
-        fresh.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
-    want = fresh.next_logits(0, new[-1], len(new) - 1)
+        fresh.steps.prefill(0, new[i : min(i + fresh.max_chunk_tokens, len(new) - 1)], i)
+    want = fresh.steps.next_logits(0, new[-1], len(new) - 1)
     kl = _kl_nats(got, want)
     print(f"two chunks ({chunks[0].tokens} + {chunks[1].tokens} tokens): KL {kl:.5f} nats against a full prefill")
     assert kl < 0.05

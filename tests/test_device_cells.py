@@ -104,13 +104,13 @@ def _rebuild(e: Engine):
 
 def _prefill(b, seq: int, tokens: list[int], pos0: int = 0) -> None:
     for i in range(0, len(tokens), b.max_chunk_tokens):
-        b.prefill(seq, tokens[i : i + b.max_chunk_tokens], pos0 + i)
+        b.steps.prefill(seq, tokens[i : i + b.max_chunk_tokens], pos0 + i)
 
 
 def _fresh_logits(fresh, kv: KVSetting, tokens: list[int], nxt: int) -> np.ndarray:
     fresh.open(kv, 1, 1024)
     _prefill(fresh, 0, tokens)
-    return fresh.next_logits(0, nxt, len(tokens))
+    return fresh.steps.next_logits(0, nxt, len(tokens))
 
 
 def test_the_backend_names_its_device_and_says_when_it_is_emulated(dev):
@@ -186,7 +186,7 @@ def test_a_kv_switch_by_conversion_k_and_v_apart_keeps_every_cache(dev, dev_fres
         held = sum(a.context for a in e.agents if a.context)
         assert r.tokens == 0 and r.converted_tokens == held > 0, r.note
         e.land()  # the step launched after the rebuild has written its cells, not yet handed back its tokens
-        assert all(dev.cells(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
+        assert all(dev.cells.span(a.seq) == (0, a.context - 1) for a in e.agents if a.context)
         assert _check(e, dev_fresh) >= 2
         for _ in range(4):
             e.step()
@@ -209,19 +209,21 @@ def test_a_corrupted_cell_after_a_conversion_is_caught(dev, dev_fresh, monkeypat
     e = Engine(dev, EngineSettings(**SETTINGS))
     for _ in range(20):
         e.step()
-    real = dev.convert_saved
+    from swarmtune.engine.backends.llama_cells import LlamaCells
 
-    def corrupting(handle, kv):
+    real = LlamaCells.convert_saved  # each context its own cells: the rebuild's too
+
+    def corrupting(self, handle, kv):
         """Every K and V row lands at another cell (a wrong offset): the positions stay right, the keys and
         values do not, and no longer belong together."""
-        out, seconds = real(handle, kv)
+        out, seconds = real(self, handle, kv)
         data = np.frombuffer(out.data, dtype=np.uint8)
         for i, r in enumerate(parse(data, dev.facts.n_layer).rows):  # every K tensor, then every V tensor
             rows = data[r.data : r.data + r.rows * r.row_bytes].reshape(r.rows, r.row_bytes)
             rows[:] = np.roll(rows, r.rows // 3 if i < dev.facts.n_layer else -(r.rows // 3), axis=0).copy()
         return out, seconds
 
-    monkeypatch.setattr(dev, "convert_saved", corrupting)
+    monkeypatch.setattr(LlamaCells, "convert_saved", corrupting)
     e.request(Control(kv=KV("q8_0")))
     assert _rebuild(e).converted_tokens > 0
     monkeypatch.undo()
@@ -232,18 +234,18 @@ def test_a_corrupted_cell_after_a_conversion_is_caught(dev, dev_fresh, monkeypat
 
 def test_swap_out_and_in_leaves_cells_and_logits_as_they_were(dev):
     dev.open(KV("f16"), 2, 512)
-    tokens = dev.tokenize(CODE)[:200]
+    tokens = dev.text.tokenize(CODE)[:200]
     nxt = tokens[-1]
     _prefill(dev, 0, tokens[:-1])
-    before = dev.cells(0), dev.next_logits(0, nxt, len(tokens) - 1)
-    handle, nbytes, _ = dev.save_seq(0)
+    before = dev.cells.span(0), dev.steps.next_logits(0, nxt, len(tokens) - 1)
+    handle, nbytes, _ = dev.cells.save_seq(0)
     assert nbytes > 0
-    dev.drop(0)
-    assert dev.cells(0) == (-1, -1)
+    dev.cells.drop(0)
+    assert dev.cells.span(0) == (-1, -1)
     _prefill(dev, 1, tokens[:100])  # the restored rows land elsewhere in the device buffer
-    dev.restore_seq(0, handle)
-    assert dev.cells(0) == before[0]
-    after = dev.next_logits(0, nxt, len(tokens) - 1)
+    dev.cells.restore_seq(0, handle)
+    assert dev.cells.span(0) == before[0]
+    after = dev.steps.next_logits(0, nxt, len(tokens) - 1)
     assert np.argmax(after) == np.argmax(before[1])
     np.testing.assert_allclose(after, before[1], atol=1e-3)
 
@@ -270,18 +272,18 @@ def _cut_and_paste(b, old: list[int], new: list[int], keep: int, chunks) -> np.n
     (llama_memory_seq_add on the K cache): the next-token logits after new[:-1]."""
     b.open(KV("f16"), 1, 1024)
     _prefill(b, 0, old)
-    kept = b.cut(0, keep, chunks)
+    kept = b.cells.cut(0, keep, chunks)
     assert len(kept) == len(chunks)
     pos = keep
     for c, k in zip(chunks, kept, strict=True):
         if c.prompt_at > pos:
             _prefill(b, 0, new[pos : c.prompt_at], pos)
-        b.paste(0, k, c.prompt_at)
+        b.cells.paste(0, k, c.prompt_at)
         pos = c.prompt_at + c.tokens
     if pos < len(new) - 1:
         _prefill(b, 0, new[pos:-1], pos)
-    assert b.cells(0) == (0, len(new) - 2)
-    return b.next_logits(0, new[-1], len(new) - 1)
+    assert b.cells.span(0) == (0, len(new) - 2)
+    return b.steps.next_logits(0, new[-1], len(new) - 1)
 
 
 def test_chunk_cut_paste_and_shift_compute_on_the_device_what_they_compute_on_the_cpu(dev, dev_fresh, cpu):
@@ -289,9 +291,9 @@ def test_chunk_cut_paste_and_shift_compute_on_the_device_what_they_compute_on_th
     Kept cells were computed after the old header, so the result is near a full prefill, not equal to it (on
     the real model within 0.05 nats, tests/test_chunk_reuse.py; this model's sharp attention moves it more).
     What the device must do is what the CPU does: the same operations, the same logits."""
-    body = dev.tokenize(CODE * 2)[:400]
-    old = dev.tokenize("cch=0a1b;") + body
-    new = dev.tokenize("cch=9z8y7x6w;") + body + dev.tokenize(" #")
+    body = dev.text.tokenize(CODE * 2)[:400]
+    old = dev.text.tokenize("cch=0a1b;") + body
+    new = dev.text.tokenize("cch=9z8y7x6w;") + body + dev.text.tokenize(" #")
     keep = next(i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y)
     chunks = plan(old, new, keep, 16)
     assert chunks and chunks[0].shift != 0
@@ -299,7 +301,7 @@ def test_chunk_cut_paste_and_shift_compute_on_the_device_what_they_compute_on_th
     on_cpu = _cut_and_paste(cpu, old, new, keep, chunks)
     want = _fresh_logits(dev_fresh, KV("f16"), new[:-1], new[-1])
     dev_fresh.open(KV("f16"), 1, 1024)
-    wiped = dev_fresh.next_logits(0, new[-1], 0)
+    wiped = dev_fresh.steps.next_logits(0, new[-1], 0)
     kl_cpu, kl, kl_wiped = _kl_nats(got, on_cpu), _kl_nats(got, want), _kl_nats(wiped, want)
     print(f"shifted by {chunks[0].shift}: KL {kl_cpu:.2e} nats against the CPU's cut and paste; {kl:.4f} against "
           f"a full prefill (wiped: {kl_wiped:.3f})")
@@ -308,40 +310,40 @@ def test_chunk_cut_paste_and_shift_compute_on_the_device_what_they_compute_on_th
 
 
 def test_prefix_copy_between_agents_continues_the_donors_prefix(dev, dev_fresh):
-    tokens = dev.tokenize(CODE)[:240]
+    tokens = dev.text.tokenize(CODE)[:240]
     dev.open(KV("f16"), 2, 512)
     _prefill(dev, 0, tokens)
-    dev.copy(0, 1)
-    dev.truncate(1, 150)
-    assert dev.cells(1) == (0, 149) and dev.cells(0) == (0, 239)
-    got = dev.next_logits(1, tokens[150], 150)
+    dev.cells.copy(0, 1)
+    dev.cells.truncate(1, 150)
+    assert dev.cells.span(1) == (0, 149) and dev.cells.span(0) == (0, 239)
+    got = dev.steps.next_logits(1, tokens[150], 150)
     want = _fresh_logits(dev_fresh, KV("f16"), tokens[:150], tokens[150])
     assert _kl_nats(got, want) < TOLERANCE_NATS["f16"]
     # and the donor's own cells are untouched by the copy
     want0 = _fresh_logits(dev_fresh, KV("f16"), tokens, tokens[0])
-    assert _kl_nats(dev.next_logits(0, tokens[0], 240), want0) < TOLERANCE_NATS["f16"]
+    assert _kl_nats(dev.steps.next_logits(0, tokens[0], 240), want0) < TOLERANCE_NATS["f16"]
 
 
 @pytest.mark.parametrize("converted", [False, True])
 def test_the_side_cache_probe_leaves_the_live_cache_as_it_was(dev, converted):
     dev.open(KV("f16"), 2, 512)
-    dev.seed_sampler(0, 1)
-    tokens = dev.tokenize(CODE)[:120]
+    dev.steps.seed_sampler(0, 1)
+    tokens = dev.text.tokenize(CODE)[:120]
     _prefill(dev, 0, tokens)
-    nxt = dev.tokenize("#")[0]
-    cells, logits = dev.cells(0), dev.next_logits(0, nxt, len(tokens))
+    nxt = dev.text.tokenize("#")[0]
+    cells, logits = dev.cells.span(0), dev.steps.next_logits(0, nxt, len(tokens))
     if converted:
         p = probe_kv_converted(dev, KV("f16"), KV("q8_0"), 2, 0, 90)
         assert p.prefill == {}
     else:
         p = probe_kv(dev, KV("f16"), KV("q8_0"), 2, 128)
     assert all(s > 0 for kv in p.decode for *_, s in p.decode[kv])
-    assert (dev.kv, dev.n_seqs, dev.cells(0), dev.cells(1)) == (KV("f16"), 2, cells, (-1, -1))
-    np.testing.assert_allclose(dev.next_logits(0, nxt, len(tokens)), logits, atol=1e-4)
+    assert (dev.kv, dev.n_seqs, dev.cells.span(0), dev.cells.span(1)) == (KV("f16"), 2, cells, (-1, -1))
+    np.testing.assert_allclose(dev.steps.next_logits(0, nxt, len(tokens)), logits, atol=1e-4)
 
 
 def test_the_live_quality_check_measures_on_the_device(dev):
-    history = dev.tokenize(CODE * 2)[:300]
+    history = dev.text.tokenize(CODE * 2)[:300]
     q = QualityCheck()
     try:
         ev = q.check(dev, KV("q8_0"), history, agent_id=1)
@@ -367,7 +369,7 @@ def test_the_check_catches_a_wiped_cache_on_the_device(dev):
     for _ in range(10):
         e.step()
     victim = next(a for a in e.agents if a.context)
-    dev.drop(victim.seq)
+    dev.cells.drop(victim.seq)
     with pytest.raises(CacheMismatch, match=f"agent {victim.id}"):
         e.step()
 
@@ -386,7 +388,7 @@ CROSS_TOP1 = 0.95
 def test_the_devices_logits_agree_with_the_cpu_backends(dev, cpu, kv):
     if dev.device is None:
         pytest.skip("a CPU build: nothing to cross-check")
-    tokens = dev.tokenize(CODE * 2)[:320]
+    tokens = dev.text.tokenize(CODE * 2)[:320]
     kls, same = [], []
     for b_pos in range(160, 320, 16):
         got = _fresh_logits(dev, KV(kv), tokens[:b_pos], tokens[b_pos])
@@ -405,17 +407,17 @@ def test_a_cache_the_device_cannot_hold_is_refused_in_one_line_and_changes_nothi
     if dev.device is None:
         pytest.skip("a CPU build: host memory, no device buffer to outgrow")
     dev.open(KV("f16"), 2, 256)
-    _prefill(dev, 0, dev.tokenize(CODE)[:50])
-    before = dev.cells(0), dev.kv, dev.n_seqs
+    _prefill(dev, 0, dev.text.tokenize(CODE)[:50])
+    before = dev.cells.span(0), dev.kv, dev.n_seqs
     cells = 2 * dev.device.max_buffer_bytes // 256  # one layer's K: 2 heads x 64 x 2 bytes a cell
     with pytest.raises(UserError) as err:
         with dev.side_cache(KV("f16"), 1, cells):
             pass
     assert "\n" not in str(err.value) and dev.device.name in str(err.value), err.value
-    assert (dev.cells(0), dev.kv, dev.n_seqs) == before
+    assert (dev.cells.span(0), dev.kv, dev.n_seqs) == before
     with pytest.raises(UserError, match="fewer agents"):  # what a KV switch or a rebuild calls
         dev.open(KV("f16"), 2, cells)
-    assert (dev.cells(0), dev.kv, dev.n_seqs) == before
+    assert (dev.cells.span(0), dev.kv, dev.n_seqs) == before
 
 
 def test_a_control_that_would_outgrow_the_device_is_refused_at_the_request(dev, monkeypatch):
@@ -469,19 +471,19 @@ def test_sampling_runs_on_the_device_where_its_rows_align_and_keeps_greedy_token
     try:
         assert b.info.settings["sampling"] == "device"
         greedy = SamplingParams(temperature=0.0)
-        prompt = b.tokenize(CODE)[:40]
+        prompt = b.text.tokenize(CODE)[:40]
         runs = []
         for on_device in (False, True):
             b.samplers.device_sampling = on_device
             b.open(KV("f16"), 2, 256)
             ends = [29, 34]  # each sequence's prompt up to here prefilled; the token there fed to the decode
             for s in range(2):
-                b.set_sampler(s, greedy)
+                b.steps.set_sampler(s, greedy)
                 _prefill(b, s, prompt[: ends[s]])
-            assert b.sampled_on_host([0, 1]) == ([] if on_device else [0, 1])
+            assert b.samplers.on_host([0, 1]) == ([] if on_device else [0, 1])
             cur, pos, out = [prompt[e] for e in ends], list(ends), []
             for _ in range(12):
-                cur, _s = b.decode([0, 1], cur, pos)
+                cur, _s = b.steps.launch_decode([0, 1], cur, pos)()
                 pos = [p + 1 for p in pos]
                 out.append(list(cur))
             runs.append(out)
@@ -496,8 +498,12 @@ def test_drafts_verified_on_the_device_keep_greedy_tokens_and_every_cache(tmp_pa
     # the rejected cells removed from a device cache; the cache check runs after every step
     from collections import defaultdict
 
+    from swarmtune.engine.backends.llama_steps import LlamaSteps
     from swarmtune.engine.batch_runner import BatchRunner
     from swarmtune.engine.conversation.sampling import SamplingParams
+
+    def greedy(self: LlamaSteps, seq: int, seed: int) -> None:
+        self.live.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))
 
     path = str(llama_device(tmp_path / f"spec-{n_vocab}.gguf", n_layer=N_LAYER, n_vocab=n_vocab))
     goes_on = BatchRunner.goes_on
@@ -516,7 +522,7 @@ def test_drafts_verified_on_the_device_keep_greedy_tokens_and_every_cache(tmp_pa
 
         monkeypatch.setattr(BatchRunner, "goes_on", seen)
         b = _backend(path)
-        b.seed_sampler = lambda seq, seed, b=b: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))
+        monkeypatch.setattr(LlamaSteps, "seed_sampler", greedy)
         e = Engine(b, EngineSettings(**{**SETTINGS, "gen_tokens": 48, "draft_tokens": draft, "reference": False}))
         assert e.s.check
         drafted = accepted = 0

@@ -27,16 +27,16 @@ def generate(b: LlamaBackend, on_device: bool, kv: str, params: SamplingParams, 
     b.open(KV(kv), len(PROMPTS), 256)
     toks, pos, out = [], [], []
     for s, text in enumerate(PROMPTS):
-        b.set_sampler(s, params)
-        p = b.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        b.prefill(s, p, 0)
-        toks.append(b.first_token_after_prefill(s))
+        b.steps.set_sampler(s, params)
+        p = b.text.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        b.steps.prefill(s, p, 0)
+        toks.append(b.steps.first_token_after_prefill(s))
         pos.append(len(p))
         out.append([toks[-1]])
-    assert b.sampled_on_host(range(len(PROMPTS))) == ([] if on_device else list(range(len(PROMPTS))))
+    assert b.samplers.on_host(range(len(PROMPTS))) == ([] if on_device else list(range(len(PROMPTS))))
     seqs = list(range(len(PROMPTS)))
     for _ in range(steps):
-        toks, _s = b.decode(seqs, toks, pos)
+        toks, _s = b.steps.launch_decode(seqs, toks, pos)()
         pos = [p + 1 for p in pos]
         for s in seqs:
             out[s].append(toks[s])
@@ -64,23 +64,23 @@ def test_penalties_run_and_move_to_the_device(llama_backend):
 def test_a_grammar_and_a_kept_row_fall_back_to_the_host(llama_backend):
     b = llama_backend
     b.open(KV("f16"), 3, 256)
-    b.set_sampler(0, SamplingParams(seed=1))
-    b.set_sampler(1, SamplingParams(seed=2, grammar='root ::= "yes" | "no"'))
-    b.set_sampler(2, SamplingParams(seed=3))
-    assert b.sampled_on_host([0, 1, 2]) == [1]
+    b.steps.set_sampler(0, SamplingParams(seed=1))
+    b.steps.set_sampler(1, SamplingParams(seed=2, grammar='root ::= "yes" | "no"'))
+    b.steps.set_sampler(2, SamplingParams(seed=3))
+    assert b.samplers.on_host([0, 1, 2]) == [1]
     b.keep_logits(2, 4)  # the quality check reads seq 2's raw logits
-    assert b.sampled_on_host([0, 1, 2]) == [1, 2]
-    prompt = b.tokenize("Answer: ")
+    assert b.samplers.on_host([0, 1, 2]) == [1, 2]
+    prompt = b.text.tokenize("Answer: ")
     firsts = []
     for s in range(3):
-        b.prefill(s, prompt, 0)
-        firsts.append(b.first_token_after_prefill(s))
-    toks, _ = b.decode([0, 1, 2], firsts, [len(prompt)] * 3)
+        b.steps.prefill(s, prompt, 0)
+        firsts.append(b.steps.first_token_after_prefill(s))
+    toks, _ = b.steps.launch_decode([0, 1, 2], firsts, [len(prompt)] * 3)()
     assert len(b.kept) == 1 and b.kept[0].logits.shape == (b.n_vocab,) and np.isfinite(b.kept[0].logits).any()
-    said = b.piece(firsts[1]) + ("" if b.is_eog(toks[1]) else b.piece(toks[1]))
+    said = b.text.piece(firsts[1]) + ("" if b.text.is_eog(toks[1]) else b.text.piece(toks[1]))
     assert said in ("yes", "no", "ye", "n", "y")  # the grammar held on the host
     b.keep_logits(None)
-    assert b.sampled_on_host([0, 1, 2]) == [1]
+    assert b.samplers.on_host([0, 1, 2]) == [1]
 
 
 def _chi2_critical(df: int, z: float = 3.29) -> float:
@@ -106,19 +106,19 @@ def test_seeded_draws_on_the_device_follow_the_distribution(tmp_path: Path, para
     try:
         n_seqs, rounds = 32, 48
         b.open(KV("f16"), n_seqs, 64)
-        prompt = b.tokenize("hello, swarm")
+        prompt = b.text.tokenize("hello, swarm")
         for s in range(n_seqs):
-            b.set_sampler(s, SamplingParams(**{**params.__dict__, "seed": 1000 + s}))
-            b.prefill(s, prompt[:-1], 0)
-        assert b.sampled_on_host(range(n_seqs)) == []
-        want = _expected(b.next_logits(0, prompt[-1], len(prompt) - 1), params)
+            b.steps.set_sampler(s, SamplingParams(**{**params.__dict__, "seed": 1000 + s}))
+            b.steps.prefill(s, prompt[:-1], 0)
+        assert b.samplers.on_host(range(n_seqs)) == []
+        want = _expected(b.steps.next_logits(0, prompt[-1], len(prompt) - 1), params)
         counts = np.zeros(b.n_vocab)
         seqs = list(range(n_seqs))
         for _ in range(rounds):  # every sequence draws at the same position, again and again
-            toks, _ = b.decode(seqs, [prompt[-1]] * n_seqs, [len(prompt) - 1] * n_seqs)
+            toks, _ = b.steps.launch_decode(seqs, [prompt[-1]] * n_seqs, [len(prompt) - 1] * n_seqs)()
             np.add.at(counts, toks, 1)
             for s in seqs:
-                b.truncate(s, len(prompt) - 1)
+                b.cells.truncate(s, len(prompt) - 1)
     finally:
         b.close()
     n = counts.sum()
@@ -140,12 +140,12 @@ def test_a_chain_moves_with_its_sequence_to_a_rebuilt_cache(llama_backend):
     greedy = SamplingParams(temperature=0.0)
     b.open(KV("f16"), 2, 256)
     for s in range(2):
-        b.set_sampler(s, greedy)
-    prompt = b.tokenize("The capital of France is")
-    b.prefill(0, prompt, 0)
-    first = b.first_token_after_prefill(0)
+        b.steps.set_sampler(s, greedy)
+    prompt = b.text.tokenize("The capital of France is")
+    b.steps.prefill(0, prompt, 0)
+    first = b.steps.first_token_after_prefill(0)
     for kv in ("q8_0", "f16"):  # the KV switch's rebuild, and back
         b.open(KV(kv), 2, 256)
-        assert b.sampled_on_host([0, 1]) == []
-        b.prefill(0, prompt, 0)
-        assert b.first_token_after_prefill(0) == first
+        assert b.samplers.on_host([0, 1]) == []
+        b.steps.prefill(0, prompt, 0)
+        assert b.steps.first_token_after_prefill(0) == first

@@ -65,7 +65,7 @@ def test_drafts_that_are_kept_stay_on(monkeypatch):
 
     def cyclic(self: SimBackend, seq: int) -> int:
         n = next(counters.setdefault(seq, itertools.count()))
-        return self._id(" " + _WORDS[n % 5])
+        return self.text.id_of(" " + _WORDS[n % 5])
 
     monkeypatch.setattr(SimBackend, "_sample", cyclic)
     e, _ = _swarm()

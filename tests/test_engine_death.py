@@ -60,7 +60,7 @@ def test_a_dead_engine_ends_every_wait_at_once(live_server, capfd):
                 def boom(*a, **k):
                     raise RuntimeError("injected: the driver lost the device")
 
-                runner.engine.backend.decode = boom  # the next decode step fails, as a driver error would
+                runner.engine.backend.steps.launch_decode = boom  # the next decode step fails, as a driver error would
                 t_kill = time.monotonic()
     except openai.APIError as e:
         err = e

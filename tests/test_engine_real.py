@@ -51,10 +51,10 @@ def test_same_seed_same_text(llama_backend):
 
 def test_no_kv_slot_is_a_scheduling_event(llama_backend):
     llama_backend.open(KV("f16"), 2, 256)
-    llama_backend.seed_sampler(0, 1)
-    llama_backend.prefill(0, [1] * 200, 0)
+    llama_backend.steps.seed_sampler(0, 1)
+    llama_backend.steps.prefill(0, [1] * 200, 0)
     with pytest.raises(NoKVSlot):
-        llama_backend.prefill(0, [1] * 100, 200)  # past its stream's 256 cells
+        llama_backend.steps.prefill(0, [1] * 100, 200)  # past its stream's 256 cells
 
 
 def test_kv_switch_and_budget_on_the_real_model(llama_backend):
@@ -108,9 +108,9 @@ def test_a_penalised_sampler_draws(llama_backend):
 
     b = llama_backend
     b.open(KV("f16"), 1, 256)
-    b.set_sampler(0, SamplingParams(seed=1, presence_penalty=0.5, frequency_penalty=0.2))
-    b.prefill(0, b.tokenize("Once upon a time"), 0)
-    assert 0 <= b.first_token_after_prefill(0) < b.n_vocab
+    b.steps.set_sampler(0, SamplingParams(seed=1, presence_penalty=0.5, frequency_penalty=0.2))
+    b.steps.prefill(0, b.text.tokenize("Once upon a time"), 0)
+    assert 0 <= b.steps.first_token_after_prefill(0) < b.n_vocab
 
 
 def test_a_stall_bound_cuts_tool_results_into_chunks_the_fit_sizes(llama_backend):

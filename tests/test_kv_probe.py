@@ -35,9 +35,9 @@ def test_a_probe_leaves_the_live_cache_its_logits_and_its_samplers_as_they_were(
 
     p = probe_kv(b, KV("f16"), KV("q8_0"), 2, 256)
 
-    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == (KV("f16"), 2, cells_before, (-1, -1))
+    assert (b.kv, b.n_seqs, b.cells.span(0), b.cells.span(1)) == (KV("f16"), 2, cells_before, (-1, -1))
     assert b.samplers.chains == samplers
-    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+    np.testing.assert_allclose(b.steps.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
     # what it timed: each type's history in chunks at their positions, then three decode points
     for kv in (KV("f16"), KV("q8_0")):
         assert [(n, pos) for n, pos, _ in p.prefill[kv]] == [(128, 0), (128, 128)]
@@ -56,15 +56,15 @@ def test_a_history_converted_to_another_type_restores_into_a_side_cache_of_that_
     q8_0 (rotated) restores there, and the live cache is as it was after."""
     b = llama_backend
     tokens, nxt, cells_before, logits_before = prefill_code(b)
-    saved, _, _ = b.save_seq(0)
-    converted, _ = b.convert_saved(saved, KV("q8_0"))
+    saved, _, _ = b.cells.save_seq(0)
+    converted, _ = b.cells.convert_saved(saved, KV("q8_0"))
     with b.side_cache(KV("q8_0"), 2, 512):
-        b.restore_seq(0, converted)
-        assert b.cells(0) == cells_before and b.kv == KV("q8_0")
+        b.cells.restore_seq(0, converted)
+        assert b.cells.span(0) == cells_before and b.kv == KV("q8_0")
         with pytest.raises(CacheMismatch):
-            b.restore_seq(1, saved)  # an f16 state is not a q8_0 cache's
-    assert b.kv == KV("f16") and b.cells(0) == cells_before
-    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+            b.cells.restore_seq(1, saved)  # an f16 state is not a q8_0 cache's
+    assert b.kv == KV("f16") and b.cells.span(0) == cells_before
+    np.testing.assert_allclose(b.steps.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
 
 
 @pytest.mark.model
@@ -76,8 +76,8 @@ def test_a_probe_on_a_converted_history_prefills_nothing_and_leaves_the_live_cac
 
     p = probe_kv_converted(b, KV("f16"), KV("q8_0"), 2, 0, 90)  # of its 96 tokens
 
-    assert (b.kv, b.n_seqs, b.cells(0), b.cells(1)) == (KV("f16"), 2, cells_before, (-1, -1))
-    np.testing.assert_allclose(b.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
+    assert (b.kv, b.n_seqs, b.cells.span(0), b.cells.span(1)) == (KV("f16"), 2, cells_before, (-1, -1))
+    np.testing.assert_allclose(b.steps.next_logits(0, nxt, len(tokens)), logits_before, atol=1e-4)
     mid = WARMUP + (STEPS + 1) / 2
     for kv in (KV("f16"), KV("q8_0")):
         assert [(bb, c) for bb, c, _ in p.decode[kv]] == [(1, SHORT_CONTEXT + mid), (2, SHORT_CONTEXT + mid),
@@ -154,16 +154,16 @@ def test_the_long_point_follows_the_swarm_within_its_bounds():
 def test_the_simulated_side_cache_is_as_strict_as_the_live_one_and_leaves_it_as_it_was():
     b = SimBackend(profile(SIM))
     b.open(KV("f16"), 2, 512)
-    b.seed_sampler(0, 3)
-    b.prefill(0, b.tokenize("x" * 400), 0)
+    b.steps.seed_sampler(0, 3)
+    b.steps.prefill(0, b.text.tokenize("x" * 400), 0)
     live = dict(b._len)
     with b.side_cache(KV("q8_0"), 4, 300):
-        assert b.kv == KV("q8_0") and b.cells(0) == (-1, -1)
+        assert b.kv == KV("q8_0") and b.cells.span(0) == (-1, -1)
         with pytest.raises(CacheMismatch):  # a token past the side cache's own history, as llama.cpp refuses
-            b.decode([0], [1], [100])
-        b.prefill(0, b.tokenize("y" * 40), 0)
+            b.steps.launch_decode([0], [1], [100])()
+        b.steps.prefill(0, b.text.tokenize("y" * 40), 0)
     assert (b.kv, b.n_seqs, b._len) == (KV("f16"), 2, live)
-    b.decode([0], [1], [live[0]])  # the live sequence goes on where it was
+    b.steps.launch_decode([0], [1], [live[0]])()  # the live sequence goes on where it was
 
 
 def test_a_ratio_past_what_a_cache_type_can_do_is_noise_and_is_clamped():

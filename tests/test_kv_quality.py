@@ -69,9 +69,9 @@ def test_measured_on_the_default_model_f16_is_its_own_reference_and_k_and_v_diff
     """The f16/f16 setting against the reference: nothing (the same cache computes the same logits). q4_0
     moves the distribution more than q8_0, and K and V apart are measured apart."""
     text = "def f(x):\n    return x + 1\n\n" * 20 + "class A:\n    def g(self, y):\n        return y * 2\n" * 20
-    toks = llama_backend.tokenize(text)
+    toks = llama_backend.text.tokenize(text)
     figs = measure(llama_backend, [toks], [KV("f16"), KV("q8_0"), KV("q4_0"), KV("q4_0/f16")], [256],
-                   bos=llama_backend.bos_token(), max_windows=2)
+                   bos=llama_backend.text.bos_token(), max_windows=2)
     by = {f.setting.label: f for f in figs}
     assert all(f.band == (128, 255) and f.positions == 2 * 127 for f in figs)
     assert by["f16"].mean_kl == pytest.approx(0.0, abs=1e-6) and by["f16"].top1_same == 1.0

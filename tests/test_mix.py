@@ -2,11 +2,12 @@
 a device where the measured seconds decide, and llama.cpp's mixed call against two calls."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from swarmtune.engine.backends.backend import Landing
+from swarmtune.engine.backends.backend import Caps, Landing
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.engine import Engine, EngineSettings
@@ -20,8 +21,8 @@ class DeviceSim(SimBackend):
     the host's speed); mixing is then measured by default."""
 
     @property
-    def launches_async(self) -> bool:
-        return True
+    def caps(self) -> Caps:
+        return replace(super().caps, launches_async=True)
 
 
 class SlowMix(DeviceSim):
@@ -93,30 +94,30 @@ def test_llama_one_call_computes_what_two_calls_compute(llama_backend):
     """Two sequences decode while a third's prompt is prefilled: in one llama_decode, the greedy tokens, the
     first token after the prompt and the logits each cache then gives are those of two calls."""
     b = llama_backend
-    prompts = [b.tokenize(t) for t in ("def add(a, b):\n    return", "The capital of France is",
+    prompts = [b.text.tokenize(t) for t in ("def add(a, b):\n    return", "The capital of France is",
                                          "import numpy as np\n\nx = np.arange(10)\nprint(x.")]
 
     def start() -> tuple[list[int], list[int]]:
         b.open(KVSetting.parse("f16"), 3, 256)
         for s in range(3):
-            b.set_sampler(s, SamplingParams(temperature=0.0))
+            b.steps.set_sampler(s, SamplingParams(temperature=0.0))
         firsts = []
         for s in (0, 1):
-            b.prefill(s, prompts[s], 0)
-            firsts.append(b.first_token_after_prefill(s))
+            b.steps.prefill(s, prompts[s], 0)
+            firsts.append(b.steps.first_token_after_prefill(s))
         return firsts, [len(prompts[0]), len(prompts[1])]
 
     def after() -> list[np.ndarray]:
-        return [b.next_logits(s, 13, b.cells(s)[1] + 1) for s in range(3)]
+        return [b.steps.next_logits(s, 13, b.cells.span(s)[1] + 1) for s in range(3)]
 
     firsts, pos = start()
-    two, _ = b.decode([0, 1], firsts, pos)
-    b.prefill(2, prompts[2], 0)
-    two_first, two_logits = b.first_token_after_prefill(2), after()
+    two, _ = b.steps.launch_decode([0, 1], firsts, pos)()
+    b.steps.prefill(2, prompts[2], 0)
+    two_first, two_logits = b.steps.first_token_after_prefill(2), after()
 
     firsts, pos = start()
-    one, _ = b.launch_mixed([0, 1], firsts, pos, 2, prompts[2], 0)()
-    one_first, one_logits = b.first_token_after_prefill(2), after()
+    one, _ = b.steps.launch_mixed([0, 1], firsts, pos, 2, prompts[2], 0)()
+    one_first, one_logits = b.steps.first_token_after_prefill(2), after()
 
     assert (one, one_first) == (two, two_first)
     for x, y in zip(one_logits, two_logits, strict=True):

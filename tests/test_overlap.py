@@ -116,12 +116,12 @@ def test_the_paced_sim_launches_without_waiting_and_lands_its_tokens():
     p = profile(SIM)
     b = SimBackend(p)
     b.open(KV("f16"), 2, 64)
-    b.seed_sampler(0, 1)
-    b.seed_sampler(1, 1)
+    b.steps.seed_sampler(0, 1)
+    b.steps.seed_sampler(1, 1)
     b.paced = True
-    assert b.launches_async
-    landing = b.launch_decode([0, 1], [5, 6], [0, 0])
-    assert b.cells(0) == (0, 0)  # the cells are the step's at launch, as llama.cpp's are once queued
+    assert b.caps.launches_async
+    landing = b.steps.launch_decode([0, 1], [5, 6], [0, 0])
+    assert b.cells.span(0) == (0, 0)  # the cells are the step's at launch, as llama.cpp's are once queued
     out, seconds = landing()
     assert len(out) == 2 and seconds == b.step_seconds(2, 2.0, contexts=[1.0, 1.0])
 

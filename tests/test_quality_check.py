@@ -40,7 +40,7 @@ def test_off_on_the_simulated_card(sim_engine):
 
 def test_one_check_on_the_default_model(llama_backend):
     text = "def area(r):\n    return 3.14159 * r * r\n\n" * 40
-    history = llama_backend.tokenize(text)[:300]
+    history = llama_backend.text.tokenize(text)[:300]
     q = QualityCheck()
     ev = q.check(llama_backend, KV("q4_0"), history, agent_id=3)
     assert ev.kv == KV("q4_0") and ev.context == 300 and ev.band == [256, 512] and ev.positions == CHECK_POSITIONS
@@ -55,11 +55,11 @@ def test_one_check_on_the_default_model(llama_backend):
 def _decoded(backend, kv: KVSetting, history: list[int], start: int) -> list:
     """The logits a live cache at kv produced, decoding history[start:] one token at a time."""
     backend.open(kv, 2, 512)
-    backend.seed_sampler(0, 1)
-    backend.prefill(0, history[:start], 0)
+    backend.steps.seed_sampler(0, 1)
+    backend.steps.prefill(0, history[:start], 0)
     backend.keep_logits(0, CHECK_POSITIONS)
     for p in range(start, len(history)):
-        backend.decode([0], [history[p]], [p])
+        backend.steps.launch_decode([0], [history[p]], [p])()
     kept = list(backend.kept)
     backend.keep_logits(None)
     return kept

@@ -112,15 +112,15 @@ def test_bad_residency_and_latency_are_one_line_errors():
 def test_swap_out_and_back_leaves_cells_and_logits_as_they_were(llama_backend):
     b = llama_backend
     tokens, nxt, cells_before, logits_before = prefill_code(b)
-    handle, nbytes, seconds = b.save_seq(0)
+    handle, nbytes, seconds = b.cells.save_seq(0)
     assert nbytes > 0 and seconds >= 0
-    b.drop(0)
-    assert b.cells(0) == (-1, -1)
+    b.cells.drop(0)
+    assert b.cells.span(0) == (-1, -1)
     # the other sequence fills cells meanwhile, so the restored rows land elsewhere in the buffer
-    b.prefill(1, tokens[:64], 0)
-    b.restore_seq(0, handle)
-    assert b.cells(0) == cells_before
-    logits_after = b.next_logits(0, nxt, len(tokens))
+    b.steps.prefill(1, tokens[:64], 0)
+    b.cells.restore_seq(0, handle)
+    assert b.cells.span(0) == cells_before
+    logits_after = b.steps.next_logits(0, nxt, len(tokens))
     assert np.argmax(logits_after) == np.argmax(logits_before)
     np.testing.assert_allclose(logits_after, logits_before, atol=1e-3)
     # and a state saved at one cache type is refused by another
@@ -128,7 +128,7 @@ def test_swap_out_and_back_leaves_cells_and_logits_as_they_were(llama_backend):
     from swarmtune.engine.backends.backend import CacheMismatch
 
     with pytest.raises(CacheMismatch):
-        b.restore_seq(0, handle)
+        b.cells.restore_seq(0, handle)
 
 
 @pytest.mark.model

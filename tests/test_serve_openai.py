@@ -100,7 +100,7 @@ def test_a_shared_system_prompt_is_copied_and_the_copy_decodes_as_a_prefill_woul
     r = c.chat.completions.create(model="m", messages=second, max_tokens=32, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens >= 32  # the system prompt's cells, copied
     b = llama_backend
-    want = greedy_reference(b, b.tokenize(b.chat(second, add_assistant=True)), 32)
+    want = greedy_reference(b, b.text.tokenize(b.text.chat(second, add_assistant=True)), 32)
     assert r.choices[0].message.content == want.rstrip("\ufffd")[: len(r.choices[0].message.content)]
     assert len(r.choices[0].message.content) >= 0.8 * len(want)
 
@@ -123,18 +123,18 @@ def test_completions_and_litellm(server):
 def greedy_reference(b, prompt: list[int], n: int) -> str:
     """The engine's own unbatched greedy decode: one sequence, nothing else in its batch."""
     b.open(F16, 1, 2048)
-    b.set_sampler(0, SamplingParams(temperature=0.0))
+    b.steps.set_sampler(0, SamplingParams(temperature=0.0))
     pos = 0
     for i in range(0, len(prompt), b.max_chunk_tokens):
         chunk = prompt[i : i + b.max_chunk_tokens]
-        b.prefill(0, chunk, pos)
+        b.steps.prefill(0, chunk, pos)
         pos += len(chunk)
-    tok, out = b.first_token_after_prefill(0), []
+    tok, out = b.steps.first_token_after_prefill(0), []
     for _ in range(n):
         out.append(tok)
-        (tok,), _ = b.decode([0], [tok], [pos])
+        (tok,), _ = b.steps.launch_decode([0], [tok], [pos])()
         pos += 1
-    return b"".join(b.token_bytes(t) for t in out).decode("utf-8", errors="replace")
+    return b"".join(b.text.token_bytes(t) for t in out).decode("utf-8", errors="replace")
 
 
 def test_greedy_text_under_load_equals_the_unbatched_decode_and_a_seed_repeats(server, llama_backend):
@@ -169,7 +169,7 @@ def test_greedy_text_under_load_equals_the_unbatched_decode_and_a_seed_repeats(s
     assert not errors
     assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
     b = llama_backend
-    prompt = b.tokenize(b.chat(msgs, add_assistant=True))
+    prompt = b.text.tokenize(b.text.chat(msgs, add_assistant=True))
     want = greedy_reference(b, prompt, 40)
     got = greedy.choices[0].message.content
     assert got[:100] == want[:100] and len(got) > 32

@@ -111,7 +111,7 @@ def run(e: Engine, until, steps: int = 2000) -> None:
 
 
 def toks(e: Engine, text: str) -> list[int]:
-    return e.backend.tokenize(text)
+    return e.backend.text.tokenize(text)
 
 
 def test_a_returning_turn_reuses_its_cells_and_prefills_only_the_suffix():
@@ -225,7 +225,7 @@ def test_a_kv_switch_mid_stream_loses_and_repeats_no_token():
     run(e, lambda: all(c.done is not None for _, c in clients))
     for r, c in clients:
         assert c.done.usage.completion_tokens == 40
-        assert c.text == "".join(e.backend.piece(t) for t in r.generated)  # what it sent, each token once
+        assert c.text == "".join(e.backend.text.piece(t) for t in r.generated)  # what it sent, each token once
     e.check_caches()
 
 
@@ -237,7 +237,7 @@ def test_fewer_agents_moves_a_request_on_without_repeating_a_token():
     run(e, lambda: all(c.done is not None for _, c in clients))
     for r, c in clients:
         assert c.done.usage.completion_tokens == 30
-        assert c.text == "".join(e.backend.piece(t) for t in r.generated)
+        assert c.text == "".join(e.backend.text.piece(t) for t in r.generated)
 
 
 def test_a_reply_rendered_back_in_other_tokens_still_continues_its_agent():

@@ -185,20 +185,20 @@ def test_sim_cache_is_as_strict_as_a_consistent_llama_cache():
 
     b = SimBackend(profile(SIM))
     b.open(KV("f16"), 2, 64)
-    b.seed_sampler(0, 1)
-    b.prefill(0, [1, 2, 3], 0)
-    assert b.cells(0) == (0, 2) and b.cells(1) == (-1, -1)
+    b.steps.seed_sampler(0, 1)
+    b.steps.prefill(0, [1, 2, 3], 0)
+    assert b.cells.span(0) == (0, 2) and b.cells.span(1) == (-1, -1)
     with pytest.raises(CacheMismatch):
-        b.prefill(0, [4], 5)  # a gap
+        b.steps.prefill(0, [4], 5)  # a gap
     with pytest.raises(CacheMismatch):
-        b.decode([0], [4], [2])  # overwriting a held position
+        b.steps.launch_decode([0], [4], [2])()  # overwriting a held position
     with pytest.raises(CacheMismatch):
-        b.decode([1], [4], [7])  # an empty sequence starts at 0
-    b.decode([0], [4], [3])
-    assert b.cells(0) == (0, 3)
-    b.drop(0)
+        b.steps.launch_decode([1], [4], [7])()  # an empty sequence starts at 0
+    b.steps.launch_decode([0], [4], [3])()
+    assert b.cells.span(0) == (0, 3)
+    b.cells.drop(0)
     with pytest.raises(CacheMismatch):
-        b.decode([0], [5], [4])  # after a drop, the old positions are gone
+        b.steps.launch_decode([0], [5], [4])()  # after a drop, the old positions are gone
 
 
 def test_sim_kv_switch_keeps_every_cache():
@@ -214,7 +214,7 @@ def test_sim_kv_switch_keeps_every_cache():
     assert r.kind == "rebuild" and r.tokens + r.converted_tokens == sum(a.context for a in e.agents)
     assert r.converted_tokens > 0
     assert all(a.context >= held[a.id] for a in e.agents)
-    assert all(e.backend.cells(a.seq) == (0, a.context - 1) for a in e.agents)
+    assert all(e.backend.cells.span(a.seq) == (0, a.context - 1) for a in e.agents)
     for _ in range(200):  # every step's check passes: decode positions follow each history
         e.step()
 

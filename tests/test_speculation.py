@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.agents.agent import Agent
+from swarmtune.engine.backends.llama_steps import LlamaSteps
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.batch_runner import BatchRunner
 from swarmtune.engine.control import Control
@@ -30,6 +31,11 @@ class Run:
     accepted: int = 0
 
 
+def greedy(self: LlamaSteps, seq: int, seed: int) -> None:
+    """Every agent draws its most likely token: a reply that speculation must not change."""
+    self.live.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))
+
+
 def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch, draft_model: str | None = None) -> Run:
     out = Run()
     goes_on = BatchRunner.goes_on
@@ -48,6 +54,7 @@ def greedy_run(model_path, kv: str, draft: int, steps: int, monkeypatch, draft_m
 
     with monkeypatch.context() as m:
         m.setattr(BatchRunner, "goes_on", seen)
+        m.setattr(LlamaSteps, "seed_sampler", greedy)  # every context's steps
         return _run(out, model_path, kv, draft, steps, draft_model)
 
 
@@ -56,7 +63,6 @@ def _run(out: Run, model_path, kv: str, draft: int, steps: int, draft_model: str
     from swarmtune.engine.model.model_facts import read_model_facts
 
     b = LlamaBackend(read_model_facts(model_path), n_threads=2)
-    b.seed_sampler = lambda seq, seed: b.samplers.set(seq, SamplingParams(temperature=0.0, seed=seed))  # type: ignore
     # no batch-1 reference steps: they reorder the synthetic swarm's turns, and with them the prompts it draws
     e = Engine(b, EngineSettings(agents=3, batch_cap=3, kv=KVSetting.parse(kv), draft_tokens=draft, seed=1,
                                  gen_tokens=200, check=True, reference=False, draft_model=draft_model))
@@ -304,25 +310,25 @@ def test_sampled_drafts_keep_the_distribution(model_path, device_sampling):
     try:
         b.allow_drafts(2)
         b.open(KVSetting.parse("f16"), 1, 128)
-        prompt = b.tokenize("Count: 1, 2, 3, 4, 5, 6, 7, 8,")
-        x = b.tokenize(" 9")[-1]
+        prompt = b.text.tokenize("Count: 1, 2, 3, 4, 5, 6, 7, 8,")
+        x = b.text.tokenize(" 9")[-1]
 
         def softmax(v: np.ndarray) -> np.ndarray:
             e = np.exp(v - v.max())
             return e / e.sum()
 
-        b.prefill(0, prompt, 0)
-        p1 = softmax(b.next_logits(0, x, len(prompt)).astype(np.float64))
+        b.steps.prefill(0, prompt, 0)
+        p1 = softmax(b.steps.next_logits(0, x, len(prompt)).astype(np.float64))
         draft = int(np.argmax(p1))
-        b.drop(0)
-        b.prefill(0, [*prompt, x], 0)
-        p2 = softmax(b.next_logits(0, draft, len(prompt) + 1).astype(np.float64))
+        b.cells.drop(0)
+        b.steps.prefill(0, [*prompt, x], 0)
+        p2 = softmax(b.steps.next_logits(0, draft, len(prompt) + 1).astype(np.float64))
         firsts, seconds = [], []
         for seed in range(300):
-            b.drop(0)
-            b.set_sampler(0, SamplingParams(temperature=1.0, top_k=0, seed=seed))
-            b.prefill(0, prompt, 0)
-            kept, _ = b.launch_verify([0], [x], [len(prompt)], [[draft]])()
+            b.cells.drop(0)
+            b.steps.set_sampler(0, SamplingParams(temperature=1.0, top_k=0, seed=seed))
+            b.steps.prefill(0, prompt, 0)
+            kept, _ = b.steps.launch_verify([0], [x], [len(prompt)], [[draft]])()
             firsts.append(kept[0][0])
             if kept[0][0] == draft:
                 seconds.append(kept[0][1])
@@ -388,18 +394,18 @@ def test_drafts_a_grammar_rejects_are_cut_before_the_step(llama_backend):
     llama_decode, and what is kept is what the grammar and the model agree on."""
     b = llama_backend
     b.open(KVSetting.parse("f16"), 1, 256)
-    b.set_sampler(0, SamplingParams(temperature=0.0, grammar='root ::= "The answer is " ("yes" | "no") "."'))
-    prompt = b.tokenize(b.chat([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], True))
-    b.prefill(0, prompt, 0)
-    first = b.first_token_after_prefill(0)
-    assert b.piece(first) == "The"
-    allowed, forbidden = b.tokenize(" answer is yes."), b.tokenize(" extra words")
+    b.steps.set_sampler(0, SamplingParams(temperature=0.0, grammar='root ::= "The answer is " ("yes" | "no") "."'))
+    prompt = b.text.tokenize(b.text.chat([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], True))
+    b.steps.prefill(0, prompt, 0)
+    first = b.steps.first_token_after_prefill(0)
+    assert b.text.piece(first) == "The"
+    allowed, forbidden = b.text.tokenize(" answer is yes."), b.text.tokenize(" extra words")
     assert b.samplers.grammar_allows(0, allowed + forbidden) == len(allowed)
     drafts = [allowed + forbidden]
-    kept, _ = b.launch_verify([0], [first], [len(prompt)], drafts)()
+    kept, _ = b.steps.launch_verify([0], [first], [len(prompt)], drafts)()
     assert drafts == [allowed]  # cut in place: the caller counts the rows that ran
-    assert b.cells(0) == (0, len(prompt) + len(allowed))  # no cell for a forbidden draft
-    text = "The" + "".join(b.piece(t) for t in kept[0])
+    assert b.cells.span(0) == (0, len(prompt) + len(allowed))  # no cell for a forbidden draft
+    text = "The" + "".join(b.text.piece(t) for t in kept[0])
     assert text.startswith("The answer is ") and text.removeprefix("The answer is ") in ("y", "ye", "yes", "n", "no")
 
 
@@ -546,13 +552,13 @@ def test_drafts_a_lazy_call_grammar_rejects_are_cut_past_its_trigger(llama_backe
     b = llama_backend
     b.open(KVSetting.parse("f16"), 1, 256)
     fmt = Hermes()
-    b.set_sampler(0, SamplingParams(temperature=0.0, grammar=fmt.call_grammar([read], False),
+    b.steps.set_sampler(0, SamplingParams(temperature=0.0, grammar=fmt.call_grammar([read], False),
                                     grammar_triggers=fmt.triggers()))
-    free = b.tokenize("Sure, let me look at {\"name\": \"rm_rf\"} first. ")
-    call = b.tokenize('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
-    bad = b.tokenize('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')
+    free = b.text.tokenize("Sure, let me look at {\"name\": \"rm_rf\"} first. ")
+    call = b.text.tokenize('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
+    bad = b.text.tokenize('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')
     assert b.samplers.grammar_allows(0, free + call) == len(free + call)
     cut = b.samplers.grammar_allows(0, free + bad)
     assert len(free) < cut < len(free + bad)  # the trigger passed, the name it refuses cut
-    kept = "".join(b.piece(t) for t in (free + bad)[:cut])
+    kept = "".join(b.text.piece(t) for t in (free + bad)[:cut])
     assert kept.endswith('"name": "r') or kept.endswith('"name": "')

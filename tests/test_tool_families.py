@@ -54,10 +54,10 @@ def test_a_random_model_under_the_grammar_makes_a_call_that_validates(tmp_path, 
                    agents=served)
         grammar = renderer.picked.fmt.call_grammar([TOOL], parallel=False)
         assert grammar is not None
-        assert backend.check_grammar(grammar) is None
+        assert backend.text.check_grammar(grammar) is None
         done: list[Finished] = []
         out: list[str] = []
-        req = ServedRequest(prompt=backend.tokenize(text), max_tokens=200,
+        req = ServedRequest(prompt=backend.text.tokenize(text), max_tokens=200,
                             params=SamplingParams(temperature=1.0, seed=3, grammar=grammar),
                             emit=lambda ev: done.append(ev) if isinstance(ev, Finished) else out.append(ev.text))
         served.submit(req)

@@ -99,10 +99,10 @@ def test_the_grammars_parse_in_llama_cpp(llama_backend):
     for fam in ("qwen3-hermes", "llama", "mistral"):
         for parallel in (True, False):
             grammar = pick(TEMPLATES[fam]).fmt.call_grammar([READ], parallel)
-            assert grammar is not None and llama_backend.check_grammar(grammar) is None
-    assert llama_backend.check_grammar(json_grammar(None)) is None
-    assert llama_backend.check_grammar(json_grammar(READ["function"]["parameters"])) is None
-    assert llama_backend.check_grammar("root ::= nope") is not None
+            assert grammar is not None and llama_backend.text.check_grammar(grammar) is None
+    assert llama_backend.text.check_grammar(json_grammar(None)) is None
+    assert llama_backend.text.check_grammar(json_grammar(READ["function"]["parameters"])) is None
+    assert llama_backend.text.check_grammar("root ::= nope") is not None
 
 
 @pytest.mark.parametrize(("fam", "source"), [
@@ -153,13 +153,16 @@ def test_tool_call_to_openai_shape():
 def test_a_mistral_template_gets_nine_character_call_ids_for_the_call_and_its_result():
     from swarmtune.engine.agents.prompt import PromptRenderer
 
-    class Model:  # what PromptRenderer reads of a backend
+    class Text:  # what PromptRenderer reads of a backend's text
         jinja_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}[CALL {{ c.id }}]{% endfor %}"
                           "{% if m.tool_call_id %}[RESULT {{ m.tool_call_id }}]{% endif %}{% endfor %}"
                           "{% if tools %}[TOOL_CALLS]{% endif %}")
 
         def special_text(self, which: str) -> str:
             return ""
+
+    class Model:
+        text = Text()
 
     r = PromptRenderer(Model())  # type: ignore[arg-type]
     long_id = "call_0123456789abcdef01234567"
@@ -277,11 +280,11 @@ def test_a_token_completing_a_trigger_the_grammar_refuses_never_reaches_llama_cp
     b.open(KVSetting.parse("f16"), 1, 256)
     fmt = Hermes()
     grammar = fmt.call_grammar([READ], False)
-    b.set_sampler(0, SamplingParams(temperature=0.0, grammar=grammar, grammar_triggers=fmt.triggers()))
-    head, glued = b.tokenize("Sure <tool_call"), b.tokenize("><")
+    b.steps.set_sampler(0, SamplingParams(temperature=0.0, grammar=grammar, grammar_triggers=fmt.triggers()))
+    head, glued = b.text.tokenize("Sure <tool_call"), b.text.tokenize("><")
     assert len(glued) == 1, "the vocabulary has a `><` token"
     assert b.samplers.grammar_allows(0, head + glued) == len(head)  # the draft is cut before it
-    ok = b.tokenize('>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
+    ok = b.text.tokenize('>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>')
     assert b.samplers.grammar_allows(0, head + ok) == len(head + ok)
     # without the watch: llama.cpp itself, given that token, aborts the process
     script = ("import llama_cpp as ll, ctypes, sys\\n"

@@ -120,11 +120,11 @@ def run_engine(backend, kv: KVSetting, batch: int, contexts: list[int], tg: int)
         fill(backend, batch, c)
         seqs = list(range(batch))
         for s in seqs:
-            backend.seed_sampler(s, 1234 + s)
+            backend.steps.seed_sampler(s, 1234 + s)
         tokens = filler_tokens(backend, 1) * batch
         t0 = time.perf_counter()
         for i in range(tg):
-            tokens, _ = backend.decode(seqs, tokens, [c + i] * batch)
+            tokens, _ = backend.steps.launch_decode(seqs, tokens, [c + i] * batch)()
         out[c] = batch * tg / (time.perf_counter() - t0)
     return out
 

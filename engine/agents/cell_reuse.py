@@ -84,7 +84,7 @@ class CellReuse:
         planned: the runs, where they were planned already on these tokens from keep."""
         held = a.history
         if (self.cache_reuse <= 0 or a.residency is not Residency.CACHE or a.pending or keep >= len(held)
-                or self.backend.why_no_shift() is not None):
+                or self.backend.caps.shift is not None):
             return []
         chunks = planned if planned is not None else self.plan(held, prompt, keep)
         if not chunks:
@@ -113,7 +113,7 @@ class CellReuse:
     def _runs(self, owner: int, held: list[int], p: PromptHashes, keep: int, last_window: int | None) -> int:
         """The tokens of the chunks kept past keep (planned, and kept in p for a cut that follows);
         last_window: the last prompt window where held has an anchor (None: none, so no run)."""
-        if self.cache_reuse <= 0 or self.backend.why_no_shift():
+        if self.cache_reuse <= 0 or self.backend.caps.shift:
             return 0
         chunks = self.plan(held, p.tokens, keep) if last_window is not None and last_window >= keep else []
         p.plans[owner] = (keep, len(held), chunks)

@@ -17,7 +17,7 @@ class Cells:
 
     def restart(self, a: Agent, prompt: list[int]) -> None:
         """Its cells go: it begins again from prompt (a new task, a displaced conversation)."""
-        self._backend.drop(a.seq)
+        self._backend.cells.drop(a.seq)
         a.start(prompt)
 
     def continue_from(self, a: Agent, keep: int) -> None:
@@ -26,17 +26,17 @@ class Cells:
         if a.residency is Residency.HOST:
             a.evict()
         if a.residency is Residency.CACHE:
-            self._backend.truncate(a.seq, keep)
+            self._backend.cells.truncate(a.seq, keep)
         a.rewound(keep)
 
     def copy_from(self, donor: Agent, a: Agent) -> None:
         """a's stream becomes a copy of donor's (a shared prefix; the caller keeps what it needs of it)."""
-        self._backend.copy(donor.seq, a.seq)
+        self._backend.cells.copy(donor.seq, a.seq)
         a.copied(donor.history)
 
     def cut(self, a: Agent, keep: int, chunks: Sequence[Chunk]) -> list[object]:
         """Its first `keep` cells stay; each chunk's cells are saved apart (one handle each) to be put back
         shifted, once its prefill reaches them; the rest go."""
-        handles = self._backend.cut(a.seq, keep, chunks)
+        handles = self._backend.cells.cut(a.seq, keep, chunks)
         a.truncated(keep)
         return handles

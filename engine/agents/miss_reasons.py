@@ -62,7 +62,7 @@ class MissReasons:
         return cache_miss.diverged(held, req.prompt, keep, req.system_tokens, text)
 
     def text(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.backend.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        return b"".join(self.backend.text.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def _came_back(self, req: "ServedRequest") -> CacheMiss | None:
         """A conversation displaced earlier that comes back: it matches one further than any agent does."""

@@ -24,8 +24,9 @@ class PromptRenderer:
     def __init__(self, backend: Backend, template_source: str | None = None) -> None:
         """template_source: a template that replaces the GGUF's (--chat-template-file)."""
         self.backend = backend
-        src = template_source if template_source is not None else backend.jinja_template
-        self.template = ChatTemplate(src, backend.special_text("bos"), backend.special_text("eos")) if src else None
+        src = template_source if template_source is not None else backend.text.jinja_template
+        text = backend.text
+        self.template = ChatTemplate(src, text.special_text("bos"), text.special_text("eos")) if src else None
         self.picked = pick(src or "")
         self.family = self.picked.fmt.name
         self.how = ("--chat-template-file (Jinja)" if template_source is not None else
@@ -42,7 +43,7 @@ class PromptRenderer:
         if self.template is not None:
             return self.template.render(flat, tools, variables=variables)
         shown: Sequence[Mapping[str, Any]] = with_tools_in_system(flat, tools) if tools else flat
-        return self.backend.chat([{"role": m["role"], "content": m["content"]} for m in shown], add_assistant=True)
+        return self.backend.text.chat([{"role": m["role"], "content": m["content"]} for m in shown], add_assistant=True)
 
     def _flat(self, m: ChatMessage, wrap_results: bool) -> dict[str, Any]:
         """Calls and results written into the text, in the format swarmtune offers such a template. A tool

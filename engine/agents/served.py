@@ -153,7 +153,7 @@ class ServedAgents:
 
     def seed_sampler(self, agent: Agent) -> None:
         req = self._active.get(agent.id)
-        self.backend.set_sampler(agent.seq, req.params if req is not None else SamplingParams(seed=agent.id))
+        self.backend.steps.set_sampler(agent.seq, req.params if req is not None else SamplingParams(seed=agent.id))
 
     def turn_limit(self, agent: Agent) -> int:
         req = self._active.get(agent.id)
@@ -172,7 +172,7 @@ class ServedAgents:
         req.took(token, time.perf_counter())
         if req.completion_tokens == 1 and req.first_token is not None:
             agent.ttft_s = round(req.first_token - req.arrival, 6)
-        text = req.text.feed(self.backend.token_bytes(token))
+        text = req.text.feed(self.backend.text.token_bytes(token))
         if text:
             req.emit(Delta(text))
             agent.tail = (agent.tail + text)[-TAIL_CHARS:]
@@ -312,7 +312,7 @@ class ServedAgents:
         a.reused_tokens = req.cached_tokens
         a.miss = cache_miss.short(req.miss, req.shifted_tokens, req.prefilled_tokens) if req.miss else ""
         a.client_returned(to_prefill(req.prompt, len(known(a)), kept), kept)
-        self.backend.set_sampler(a.seq, req.params)
+        self.backend.steps.set_sampler(a.seq, req.params)
 
     def _requeue(self, req: ServedRequest) -> None:
         """Its agent is gone: the request goes on from where it was, on another agent, at the queue's head:

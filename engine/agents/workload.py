@@ -68,12 +68,13 @@ class Workload:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": r.choice(TASKS).format(mod=f"{mod}.py")},
         ]
-        self.cells.restart(agent, self.backend.tokenize(self.backend.chat(agent.messages, add_assistant=True)))
+        text = self.backend.text
+        self.cells.restart(agent, text.tokenize(text.chat(agent.messages, add_assistant=True)))
         self.seed_sampler(agent)
 
     def seed_sampler(self, agent: Agent) -> None:
         """Each agent samples from its own stream, fixed by the seed, the agent and its task."""
-        self.backend.seed_sampler(agent.seq, hash((self.seed, agent.id, agent.tasks)) & 0x7FFFFFFF)
+        self.backend.steps.seed_sampler(agent.seq, hash((self.seed, agent.id, agent.tasks)) & 0x7FFFFFFF)
 
     def tool_result(self, agent: Agent) -> str:
         r = self.rng(agent, 1)
@@ -124,15 +125,15 @@ class Workload:
             self.start_task(agent)
             return
         agent.messages.append({"role": "assistant", "content": text})
-        before = self.backend.chat(agent.messages, add_assistant=False)
+        before = self.backend.text.chat(agent.messages, add_assistant=False)
         tool = self.tool_result(agent)
-        tool_ids = self.backend.tokenize(tool)[: self.tool_tokens]
-        tool = "".join(self.backend.piece(t) for t in tool_ids)
+        tool_ids = self.backend.text.tokenize(tool)[: self.tool_tokens]
+        tool = "".join(self.backend.text.piece(t) for t in tool_ids)
         agent.messages.append({"role": "user", "content": "Tool result:\n" + tool})
-        after = self.backend.chat(agent.messages, add_assistant=True)
+        after = self.backend.text.chat(agent.messages, add_assistant=True)
         delta = after[len(before) :] if after.startswith(before) else after
         wait_s = self.tool_latency(agent)
         if wait_s > 0:
-            agent.wait_for_tool(self.backend.tokenize(delta), now_s + wait_s)
+            agent.wait_for_tool(self.backend.text.tokenize(delta), now_s + wait_s)
         else:
-            agent.prefill_next(self.backend.tokenize(delta))
+            agent.prefill_next(self.backend.text.tokenize(delta))

@@ -7,21 +7,18 @@ attention reads only its own cells, as it would with separate caches.
 import ctypes
 import os
 import platform
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as ll
-import numpy as np
 
 from swarmtune.engine.backends.backend import (
     MAX_DRAFT_TOKENS,
     NO_DRAFTS_RECURRENT,
     BackendInfo,
-    Landing,
-    VerifyLanding,
+    Caps,
 )
 from swarmtune.engine.backends.clock import Clock, WallClock
 from swarmtune.engine.backends.devices import (
@@ -41,9 +38,6 @@ from swarmtune.engine.backends.llama_scorer import Scorer
 from swarmtune.engine.backends.llama_steps import KeptLogits, LlamaSteps, StepWatch
 from swarmtune.engine.backends.llama_text import LlamaText
 from swarmtune.engine.backends.moe_routing import RoutingCounter
-from swarmtune.engine.conversation.chat_message import ChatMessage
-from swarmtune.engine.conversation.chunk_reuse import Chunk
-from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.errors import UserError
 from swarmtune.engine.kv_types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
@@ -59,6 +53,7 @@ class Attached:
     steps: LlamaSteps
     cells: LlamaCells
     cache_bytes: dict[str, int]  # per cache, from llama.cpp's log when it was made: kv, kv_swa, recurrent
+    caps: Caps
 
 
 def default_measure_routing() -> bool:
@@ -120,8 +115,7 @@ class LlamaBackend:
         self.on: Attached | None = None  # the live context and its parts, once open() made one
         self.kv_buffer_bytes: int | None = None
         self.cache_bytes: dict[str, int] = {}  # per cache, from llama.cpp's log: kv, kv_swa, recurrent
-        # a step on a device is queued and runs while the host goes on; on the CPU llama_decode computes it
-        self.launches_async = bool(self.device and self.offloaded_layers)
+        self._caps_closed = self._caps(None)
         self.info = BackendInfo(
             name="llama.cpp",
             device=self.device.label if self.device else f"CPU {platform.machine()} ({os.cpu_count()} cores)",
@@ -151,8 +145,25 @@ class LlamaBackend:
         # whether llama.cpp stores this cache's K and V rotated (engine/backends/kv_convert.py), in its own words
         rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in lines) for x in "kv")
         live = LiveContext(ctx, kv, n_seqs, ctx_per_seq, rot, samplers, max(n_batch, 64))
+        caps = self._caps(live)
         return Attached(live, LlamaSteps(self.model_handle, live, watch, self.draft_rows),
-                        LlamaCells(self.model_handle, live), caches_from_log(lines))
+                        LlamaCells(self.model_handle, live, caps.shift is None), caches_from_log(lines), caps)
+
+    def _caps(self, live: LiveContext | None) -> Caps:
+        """What this model on this build can do, in a context like this one (none yet: as far as is known)."""
+        bm = self.facts.bytes_model
+        layout = "a sliding-window or recurrent cache (its state is not one K/V cache)" \
+            if bm.has_swa or bm.state_bytes else None
+        if live is None:
+            shift: str | None = "no context is open"
+        elif not ll.llama_memory_can_shift(live.mem):
+            shift = "this model's positions cannot be shifted (M-RoPE, or a recurrent state)"
+        elif layout is None and not (self.flash_attn or live.kv.quantized):
+            shift = "V is stored transposed without flash attention"
+        else:
+            shift = layout
+        return Caps(shift=shift, mix=None, drafts=NO_DRAFTS_RECURRENT if bm.state_bytes else None, convert=layout,
+                    transposed_v=not self.flash_attn, launches_async=bool(self.device and self.offloaded_layers))
 
     def _room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, freed_bytes: int) -> str | None:
         """None where the cache fits the device; else why not. freed_bytes: what closing a cache first gives
@@ -235,9 +246,13 @@ class LlamaBackend:
         return self.on.steps
 
     @property
-    def cells_ops(self) -> LlamaCells:
+    def cells(self) -> LlamaCells:
         assert self.on is not None, "no context: open() first"
         return self.on.cells
+
+    @property
+    def caps(self) -> Caps:
+        return self.on.caps if self.on is not None else self._caps_closed
 
     @property
     def kv(self) -> KVSetting:
@@ -247,6 +262,10 @@ class LlamaBackend:
     def n_seqs(self) -> int:
         return self.on.context.n_seqs if self.on is not None else 0
 
+    @property
+    def ctx_per_seq(self) -> int:
+        return self.on.context.ctx_per_seq if self.on is not None else 0
+
     def new_clock(self) -> Clock:
         return WallClock()
 
@@ -254,67 +273,18 @@ class LlamaBackend:
         self._close_live()
         self._stack.close()
 
-    # text (llama_text.py)
-    def tokenize(self, text: str) -> list[int]:
-        return self.text.tokenize(text)
-
-    def bos_token(self) -> int | None:
-        return self.text.bos_token()
-
-    def piece(self, token: int) -> str:
-        return self.text.piece(token)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.text.token_bytes(token)
-
-    def check_grammar(self, grammar: str) -> str | None:
-        return self.text.check_grammar(grammar)
-
-    @property
-    def jinja_template(self) -> str | None:
-        return self.text.jinja_template
-
-    def special_text(self, which: str) -> str:
-        return self.text.special_text(which)
-
-    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str:
-        return self.text.chat(messages, add_assistant)
-
-    def is_eog(self, token: int) -> bool:
-        return self.text.is_eog(token)
-
-    # sampling (llama_sampling.py)
-    def seed_sampler(self, seq: int, seed: int) -> None:
-        self.live.samplers.set(seq, SamplingParams(seed=seed))
-
-    def set_sampler(self, seq: int, p: SamplingParams) -> None:
-        self.live.samplers.set(seq, p)
+    # what only llama.cpp has: the quality check's kept logits, the MoE counter, the host's sampling time
+    def keep_logits(self, seq: int | None, n: int = 0) -> None:
+        """From now on keep the logits of seq's last n decode positions (engine/backends/llama_steps.py)."""
+        self.steps.keep_logits(seq, n)
 
     @property
     def host_sampling_s(self) -> float:
         """Seconds the host spent drawing tokens, since the start (bench/host_overhead.py)."""
         return self.samplers.host_s
 
-    # steps (llama_steps.py)
-    def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
-        return self.steps.prefill(seq, tokens, pos0)
-
-    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
-        return self.steps.decode(seqs, tokens, positions)
-
-    def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
-        return self.steps.launch_decode(seqs, tokens, positions)
-
-    def launch_verify(self, seqs: list[int], tokens: list[int], positions: list[int],
-                      drafts: list[list[int]]) -> VerifyLanding:
-        return self.steps.launch_verify(seqs, tokens, positions, drafts)
-
-    def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
-                     prefill_tokens: list[int], pos0: int) -> Landing:
-        return self.steps.launch_mixed(seqs, tokens, positions, prefill_seq, prefill_tokens, pos0)
-
-    def why_no_mix(self) -> str | None:
-        return None
+    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
+        self.live.interrupt_with(should_stop)
 
     def allow_drafts(self, n: int) -> str | None:
         """Contexts made from now on verify up to n drafted tokens a sequence; None, or why not."""
@@ -323,63 +293,6 @@ class LlamaBackend:
         if 0 <= n <= MAX_DRAFT_TOKENS:  # past it the settings refuse the length, and nothing changes
             self.draft_rows = n
         return None
-
-    def why_no_drafts(self, seq: int) -> str | None:
-        return self.steps.why_no_drafts(seq)
-
-    def first_token_after_prefill(self, seq: int) -> int:
-        return self.steps.first_token_after_prefill(seq)
-
-    def keep_logits(self, seq: int | None, n: int = 0) -> None:
-        self.steps.keep_logits(seq, n)
-
-    @property
-    def kept(self) -> "deque[KeptLogits]":
-        return self.watch.kept
-
-    @property
-    def last_distinct_experts(self) -> list[int] | None:
-        return self.watch.last_distinct_experts
-
-    def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
-        self.live.interrupt_with(should_stop)
-
-    def next_logits(self, seq: int, token: int, pos: int) -> np.ndarray:
-        return self.steps.next_logits(seq, token, pos)
-
-    # cells (llama_cells.py)
-    def cells(self, seq: int) -> tuple[int, int]:
-        return self.cells_ops.cells(seq)
-
-    def drop(self, seq: int) -> None:
-        self.cells_ops.drop(seq)
-
-    def truncate(self, seq: int, n_tokens: int) -> None:
-        self.cells_ops.truncate(seq, n_tokens)
-
-    def copy(self, src: int, dst: int) -> None:
-        self.cells_ops.copy(src, dst)
-
-    def why_no_shift(self) -> str | None:
-        return self.cells_ops.why_no_shift()
-
-    def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
-        return self.cells_ops.cut(seq, keep, chunks)
-
-    def paste(self, seq: int, kept: object, at: int) -> float:
-        return self.cells_ops.paste(seq, kept, at)
-
-    def save_seq(self, seq: int) -> tuple[object, int, float]:
-        return self.cells_ops.save_seq(seq)
-
-    def restore_seq(self, seq: int, handle: object) -> float:
-        return self.cells_ops.restore_seq(seq, handle)
-
-    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
-        return self.cells_ops.can_convert(kv_from, kv_to)
-
-    def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
-        return self.cells_ops.convert_saved(handle, kv)
 
 
 def context_params(kv: KVSetting, n_seqs: int, ctx_per_seq: int, n_batch: int, n_threads: int, flash_attn: bool,

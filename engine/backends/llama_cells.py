@@ -18,8 +18,9 @@ from swarmtune.engine.kv_types import KVSetting
 class LlamaCells:
     """The cells of one live context's sequences."""
 
-    def __init__(self, model: ModelHandle, live: LiveContext) -> None:
+    def __init__(self, model: ModelHandle, live: LiveContext, shifts: bool) -> None:
         self.m, self.live = model, live
+        self.shifts = shifts  # its cells can move to other positions (the backend's caps.shift)
 
     def drop(self, seq: int) -> None:
         ll.llama_memory_seq_rm(self.live.mem, seq, -1, -1)
@@ -31,17 +32,6 @@ class LlamaCells:
         ll.llama_memory_seq_rm(self.live.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.live.mem, src, dst, -1, -1)
 
-    def why_no_shift(self) -> str | None:
-        """None where cached cells can be moved to other positions (chunk reuse); else why not."""
-        if self.live.mem is None or not ll.llama_memory_can_shift(self.live.mem):
-            return "this model's positions cannot be shifted (M-RoPE, or a recurrent state)"
-        bm = self.m.facts.bytes_model
-        if bm.has_swa or bm.state_bytes:
-            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not (self.m.flash_attn or self.live.kv.quantized):
-            return "V is stored transposed without flash attention"
-        return None
-
     def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
         """Keep seq's first `keep` cells; each chunk's cells are saved apart first, to be put back at their
         new place by paste() once the tokens before it are prefilled. [] where they cannot be (the caller
@@ -49,10 +39,10 @@ class LlamaCells:
         from swarmtune.engine.backends.kv_convert import Unconvertible
         from swarmtune.engine.backends.kv_splice import split
 
-        if not chunks or self.why_no_shift() is not None:
+        if not chunks or not self.shifts:
             self.truncate(seq, keep)
             return []
-        _, hi = self.cells(seq)
+        _, hi = self.span(seq)
         # a chunk that moves up is first moved up with the rest, past every position it will move through,
         # so that paste() puts it above the new tokens and only ever shifts it down
         up = max(0, max(c.shift for c in chunks))
@@ -90,7 +80,7 @@ class LlamaCells:
         if kept.kv != self.live.kv:
             raise CacheMismatch(f"sequence {seq}: a chunk cut at KV {kept.kv} pasted into a {self.live.kv} cache")
         t0 = time.perf_counter()
-        if self.cells(seq) == (-1, -1):
+        if self.span(seq) == (-1, -1):
             base = kept.cells.between(0, 0)
         else:
             saved, _, _ = self.save_seq(seq)
@@ -131,14 +121,6 @@ class LlamaCells:
             raise NoKVSlot()
         return time.perf_counter() - t0
 
-    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
-        bm = self.m.facts.bytes_model
-        if bm.has_swa or bm.state_bytes:
-            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        if not all(self.m.flash_attn or k.quantized for k in (kv_from, kv_to)):
-            return "V is stored transposed without flash attention"
-        return None
-
     def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         from swarmtune.engine.backends.kv_convert import Unconvertible, convert, rotation
 
@@ -152,7 +134,7 @@ class LlamaCells:
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         return _SavedSeq(buf, len(data), kv, tuple(bool(r) for r in rot_to)), time.perf_counter() - t0
 
-    def cells(self, seq: int) -> tuple[int, int]:
+    def span(self, seq: int) -> tuple[int, int]:
         return ll.llama_memory_seq_pos_min(self.live.mem, seq), ll.llama_memory_seq_pos_max(self.live.mem, seq)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from swarmtune.engine.backends.backend import Landing, VerifyLanding
 from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.backends.moe_routing import RoutingCounter
+from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.kv_types import KVSetting
 
 
@@ -45,6 +46,12 @@ class LlamaSteps:
         self.batch, self.batch_cap = live.batch, live.batch_tokens
         self.drafts = draft_rows  # the drafted tokens a verify step may carry per sequence (the context's room)
 
+    def seed_sampler(self, seq: int, seed: int) -> None:
+        self.live.samplers.set(seq, SamplingParams(seed=seed))
+
+    def set_sampler(self, seq: int, p: SamplingParams) -> None:
+        self.live.samplers.set(seq, p)
+
     def prefill(self, seq: int, tokens: list[int], pos0: int) -> float:
         n = len(tokens)
         if not 0 < n <= self.batch_cap:  # past the batch's arrays llama.cpp would read freed memory
@@ -63,9 +70,6 @@ class LlamaSteps:
         ll.llama_synchronize(self.live.ctx)
         self.live.prefill_row = (seq, n - 1)
         return time.perf_counter() - t0
-
-    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
-        return self.launch_decode(seqs, tokens, positions)()
 
     def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
         """The batch filled and llama_decode called: on a GPU it returns once the graph is queued, on the CPU

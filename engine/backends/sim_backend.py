@@ -8,18 +8,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
 from swarmtune.engine.backends.backend import (
     NO_DRAFTS_RECURRENT,
     BackendInfo,
     CacheMismatch,
+    Caps,
     Landing,
     NoKVSlot,
     VerifyLanding,
 )
 from swarmtune.engine.backends.clock import Clock, SimClock, WallClock
-from swarmtune.engine.conversation.chat_message import ChatMessage
+from swarmtune.engine.backends.sim_text import SimText
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.kv_types import F16, KVSetting
@@ -30,7 +31,6 @@ _WORDS = (
     "def return self if else for in import from class with try except raise None True False the a "
     "value list dict index path file test fix bug patch diff line call args result error check update"
 ).split()
-_CHARS_PER_TOKEN = 4
 
 T = TypeVar("T")  # what a landing hands back: a decode's tokens, a verify step's kept runs
 
@@ -90,11 +90,7 @@ def _landing(out: T, seconds: float, paced: bool) -> Callable[[], tuple[T, float
 
 class SimBackend:
     source = "simulated"
-    # one vocabulary for every simulated backend in the process: a forecast makes a fresh one per run forward,
-    # and tokenizing the same tool results into it again was a sixth of a simulated tuner's time
-    _vocab: ClassVar[dict[str, int]] = {}
-    _pieces: ClassVar[list[str]] = []
-    _tokenized: ClassVar[dict[str, tuple[int, ...]]] = {}
+    text = SimText()
     max_chunk_tokens = 512
     # modeled: a host converting K and V rows at 1 GB/s. For scale, measured here: the default model's
     # 189 MB of f16 rows (8 x 1,024 tokens) converted to q8_0 in 0.49 s on 2 CPU threads (0.39 GB/s; a profile,
@@ -157,48 +153,11 @@ class SimBackend:
         finally:
             self._len, self._rng, self.kv, self.n_seqs, self.ctx_per_seq = live
 
-    def tokenize(self, text: str) -> list[int]:
-        hit = self._tokenized.get(text)
-        if hit is None:
-            hit = tuple(self._id(text[i : i + _CHARS_PER_TOKEN]) for i in range(0, len(text), _CHARS_PER_TOKEN))
-            if len(text) >= 256 and len(self._tokenized) < 4096:  # tool results and prompts, not generated words
-                self._tokenized[text] = hit
-        return list(hit)
-
-    def _id(self, piece: str) -> int:
-        t = self._vocab.get(piece)
-        if t is None:
-            t = len(self._pieces)
-            self._pieces.append(piece)
-            self._vocab[piece] = t
-        return t
-
-    def piece(self, token: int) -> str:
-        return self._pieces[token] if 0 <= token < len(self._pieces) else ""
-
-    def chat(self, messages: list[ChatMessage], add_assistant: bool) -> str:
-        s = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return s + ("<|im_start|>assistant\n" if add_assistant else "")
-
-    def is_eog(self, token: int) -> bool:
-        return False
-
     def seed_sampler(self, seq: int, seed: int) -> None:
         self._rng[seq] = random.Random(seed)
 
     def set_sampler(self, seq: int, p: SamplingParams) -> None:
         self._rng[seq] = random.Random(p.seed)  # a simulated model has no logits to shape: only the draw
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.piece(token).encode("utf-8")
-
-    def check_grammar(self, grammar: str) -> str | None:
-        return None  # a simulated model writes words, not text a grammar could hold: it ignores one
-
-    jinja_template: str | None = None  # it renders ChatML (chat())
-
-    def special_text(self, which: str) -> str:
-        return ""
 
     def _expect(self, seq: int, pos: int) -> None:
         # A consistent cache takes a sequence's next token at its length and nowhere else; llama.cpp
@@ -227,7 +186,7 @@ class SimBackend:
         return self._sample(seq)
 
     def _sample(self, seq: int) -> int:
-        return self._id(" " + self._rng[seq].choice(_WORDS))
+        return self.text.id_of(" " + self._rng[seq].choice(_WORDS))
 
     def step_seconds(self, batch: int, total_context: float, kv: KVSetting | None = None,
                      contexts: list[float] | None = None) -> float:
@@ -251,21 +210,28 @@ class SimBackend:
             + batch * p.compute_seconds_per_token
         return weights_s + sc.attention * (seconds - weights_s)
 
-    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> tuple[list[int], float]:
-        return self.launch_decode(seqs, tokens, positions)()
+    # the simulated card's steps and cells are this one small object's
+    @property
+    def steps(self) -> "SimBackend":
+        return self
 
     @property
-    def launches_async(self) -> bool:
-        return self.paced
+    def cells(self) -> "SimBackend":
+        return self
+
+    @property
+    def caps(self) -> Caps:
+        bm = self.profile.bytes_model
+        layout = "a sliding-window or recurrent cache (its state is not one K/V cache)" \
+            if bm.has_swa or bm.state_bytes else None
+        return Caps(shift=layout, mix=None, drafts=NO_DRAFTS_RECURRENT if bm.state_bytes else None, convert=layout,
+                    launches_async=self.paced)
 
     def launch_decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> Landing:
         """Paced, the step lands its modeled seconds after the launch, on the wall: a sleep, which leaves the
         GIL to whatever the host does meanwhile, as a device leaves the CPU (bench/overlap.py)."""
         out, seconds = self._decode(seqs, tokens, positions)
         return _landing(out, seconds, self.paced)
-
-    def why_no_mix(self) -> str | None:
-        return None
 
     def launch_mixed(self, seqs: list[int], tokens: list[int], positions: list[int], prefill_seq: int,
                      prefill_tokens: list[int], pos0: int) -> Landing:
@@ -344,15 +310,9 @@ class SimBackend:
     def why_no_room(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int) -> str | None:
         return None  # the simulated card's KV budget is the engine's to keep (--kv-budget-mb)
 
-    def why_no_shift(self) -> str | None:
-        bm = self.profile.bytes_model
-        if bm.has_swa or bm.state_bytes:
-            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        return None
-
     def cut(self, seq: int, keep: int, chunks: Sequence[Chunk]) -> list[object]:
         self.truncate(seq, keep)
-        if self.why_no_shift() is not None:
+        if self.caps.shift is not None:
             return []
         return [_SavedSeq(c.tokens, int(self.profile.bytes_model.kv_cache_bytes(self.kv, c.tokens)), self.kv)
                 for c in chunks]
@@ -369,12 +329,6 @@ class SimBackend:
         moved = 2 * self.profile.bytes_model.kv_cache_bytes(self.kv, at) + kept.nbytes
         return moved / self.profile.host_link_bytes_per_s
 
-    def can_convert(self, kv_from: KVSetting, kv_to: KVSetting) -> str | None:
-        bm = self.profile.bytes_model
-        if bm.has_swa or bm.state_bytes:
-            return "a sliding-window or recurrent cache (its state is not one K/V cache)"
-        return None
-
     def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         """Modeled: the rows go to host memory and back over the profile's link (save_seq and restore_seq
         count that), and the host converts them at CONVERT_BYTES_PER_S."""
@@ -385,7 +339,7 @@ class SimBackend:
     def interrupt_with(self, should_stop: Callable[[], bool] | None) -> None:
         pass  # a simulated step takes no time to compute
 
-    def cells(self, seq: int) -> tuple[int, int]:
+    def span(self, seq: int) -> tuple[int, int]:
         n = self._len.get(seq, 0)
         return (0, n - 1) if n else (-1, -1)
 

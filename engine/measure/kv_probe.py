@@ -152,7 +152,7 @@ def _time_one(backend: Backend, batch: int, long: int) -> tuple[Points, list[flo
     step = min(PREFILL_CHUNK, backend.max_chunk_tokens)
     for pos in range(0, long, step):
         chunk = tokens[pos : pos + step]
-        prefill.append((len(chunk), pos, backend.prefill(0, chunk, pos)))
+        prefill.append((len(chunk), pos, backend.steps.prefill(0, chunk, pos)))
     return *decode_points(backend, batch, long), prefill
 
 
@@ -162,7 +162,7 @@ def decode_points(backend: Backend, batch: int, long: int) -> tuple[Points, list
     range of its steps' seconds); sequence 0 is left cut to the short point."""
     mid = WARMUP + (STEPS + 1) / 2  # a step at position L + i reads L + i + 1 cells
     timed = [(long + mid, time_decode(backend, batch, long, STEPS, WARMUP, filled=True))]
-    backend.truncate(0, SHORT_CONTEXT)  # the same cells, cut to the short point
+    backend.cells.truncate(0, SHORT_CONTEXT)  # the same cells, cut to the short point
     for b in (batch, 1) if batch > 1 else (1,):
         timed.append((SHORT_CONTEXT + mid, time_decode(backend, b, SHORT_CONTEXT, STEPS, WARMUP, filled=True)))
     timed.sort(key=lambda p: (p[1].batch, p[0]))
@@ -188,15 +188,15 @@ def probe_kv_converted(backend: Backend, base_kv: KVSetting, kv: KVSetting, batc
     `long`: no prefill. The live cache is left as it was. Raises UserError where this build cannot make a
     context of that type, Unconvertible where the history cannot be converted to it."""
     t0 = time.perf_counter()
-    saved, _, _ = backend.save_seq(seq)
-    held = backend.cells(seq)[1] + 1
+    saved, _, _ = backend.cells.save_seq(seq)
+    held = backend.cells.span(seq)[1] + 1
     decode, spread = {}, {}
     for k in (base_kv, kv):
-        handle = saved if k == base_kv else backend.convert_saved(saved, k)[0]
+        handle = saved if k == base_kv else backend.cells.convert_saved(saved, k)[0]
         # the whole history is restored (a saved state is one piece), then cut to the long point
         with backend.side_cache(k, batch, max(held, long) + STEPS + WARMUP + 8):
-            backend.restore_seq(0, handle)
-            backend.truncate(0, long)
+            backend.cells.restore_seq(0, handle)
+            backend.cells.truncate(0, long)
             decode[k], spread[k] = decode_points(backend, batch, long)
     return KvProbe(kv, base_kv, batch, (SHORT_CONTEXT, long), decode, {}, time.perf_counter() - t0,
                    history="converted", spread=spread)

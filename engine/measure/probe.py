@@ -28,8 +28,8 @@ class DecodeTiming:
 
 
 def filler_tokens(backend: Backend, n: int) -> list[int]:
-    text = backend.chat([{"role": "user", "content": "def f(x):\n    return x + 1\n" * 64}], add_assistant=False)
-    base = backend.tokenize(text) or [0]
+    text = backend.text.chat([{"role": "user", "content": "def f(x):\n    return x + 1\n" * 64}], add_assistant=False)
+    base = backend.text.tokenize(text) or [0]
     return (base * (n // len(base) + 1))[:n]
 
 
@@ -37,13 +37,13 @@ def fill(backend: Backend, batch: int, context: int, copy: bool = True) -> None:
     tokens = filler_tokens(backend, context)
     chunk = backend.max_chunk_tokens
     for s in range(batch):
-        backend.drop(s)
+        backend.cells.drop(s)
     for s in range(batch if not copy else 1):
         for i in range(0, context, chunk):
-            backend.prefill(s, tokens[i : i + chunk], i)
+            backend.steps.prefill(s, tokens[i : i + chunk], i)
     if copy:
         for s in range(1, batch):
-            backend.copy(0, s)
+            backend.cells.copy(0, s)
 
 
 def time_decode(backend: Backend, batch: int, context: int, steps: int = 8, warmup: int = 2,
@@ -54,23 +54,23 @@ def time_decode(backend: Backend, batch: int, context: int, steps: int = 8, warm
     """
     if filled:
         for s in range(1, batch):
-            backend.copy(0, s)
+            backend.cells.copy(0, s)
     else:
         fill(backend, batch, context, copy)
     seqs = list(range(batch))
     for s in seqs:
-        backend.seed_sampler(s, 1234 + s)
+        backend.steps.seed_sampler(s, 1234 + s)
     tokens = filler_tokens(backend, 1) * batch
     times = []
     started = 0.0
     for i in range(warmup + steps):
         if i == warmup:
             started = time.perf_counter()
-        tokens, sec = backend.decode(seqs, tokens, [context + i] * batch)
+        tokens, sec = backend.steps.launch_decode(seqs, tokens, [context + i] * batch)()
         if i >= warmup:
             times.append(sec)
     ended = time.perf_counter()
     for s in seqs:
-        backend.truncate(s, context)
+        backend.cells.truncate(s, context)
     return DecodeTiming(batch, context, statistics.median(times), steps, started, ended,
                         (max(times) - min(times)) / 2)

@@ -110,7 +110,7 @@ def run_sweep(backend: Backend, kv: KVSetting, batches: list[int], contexts: lis
             timings[(b, c)] = time_decode(backend, b, c, steps=steps, warmup=2, filled=True)
             done += 1
         for s in range(max(batches)):
-            backend.drop(s)
+            backend.cells.drop(s)
     if progress:
         progress(total, total)
     cal = Calibration()

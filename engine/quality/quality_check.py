@@ -204,7 +204,7 @@ class QualityCheck:
             self._stop_watch(engine)  # the agent left the cache, the live setting moved, or it went quiet
             return []
         history = agent.history
-        kept = [k for k in _llama(engine).kept if k.kv == w.live]
+        kept = [k for k in _llama(engine).watch.kept if k.kv == w.live]
         if any(k.pos >= len(history) or history[k.pos] != k.token for k in kept):
             self._stop_watch(engine)  # its history was replaced (a new task, a full context): start again
             return []

@@ -59,7 +59,7 @@ def conversation_documents(backend: Backend, convs: list[list[ChatMessage] | lis
         if all(isinstance(t, int) for t in c):
             out.append([t for t in c if isinstance(t, int)])
         else:
-            out.append(backend.tokenize(renderer.render([m for m in c if isinstance(m, dict)])))
+            out.append(backend.text.tokenize(renderer.render([m for m in c if isinstance(m, dict)])))
     return out
 
 
@@ -79,7 +79,7 @@ def swarm_documents(backend: Backend, n: int, tokens_each: int, seed: int = 1) -
         msgs: list[ChatMessage] = [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": r.choice(TASKS).format(mod=path.name)},
                 {"role": "tool", "content": f"$ sed -n ... {path.name}\n" + text[start:start + tokens_each * 6]}]
-        docs.append(backend.tokenize(renderer.render(msgs)))
+        docs.append(backend.text.tokenize(renderer.render(msgs)))
     return docs
 
 

@@ -90,7 +90,7 @@ class Drafts:
     def _room(self, a: Agent, want: int, rows_left: int) -> int:
         # its fed token and its drafts take cells; the token drawn after the last draft needs one more
         room = min(want, a.limit - a.context - 3, self.turn_left(a) - 1, rows_left)
-        return room if room > 0 and self.backend.why_no_drafts(a.seq) is None else 0
+        return room if room > 0 and self.backend.steps.why_no_drafts(a.seq) is None else 0
 
     def _from_model(self, batch: list[Agent], lengths: list[int], rows_left: int) -> list[list[int]] | None:
         """The draft model's drafts (every agent's in the same calls): its seconds are the step's."""

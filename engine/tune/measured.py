@@ -193,7 +193,7 @@ class Measured:
         held = [a for a in engine.agents if a.residency is Residency.CACHE and a.seq < b.n_seqs
                 and a.context >= 2 * SHORT_CONTEXT]
         src = max(held, key=lambda a: a.context, default=None)
-        if src is None or b.cells(src.seq) != (0, src.context - 1):
+        if src is None or b.cells.span(src.seq) != (0, src.context - 1):
             return None
         return src
 

@@ -32,11 +32,11 @@ def shadow_of(live: EngineView, sim: SimBackend, settings: EngineSettings, meter
         elif a.state is not AgentState.PREEMPTED and a.context:
             sim.adopt_cached(a.seq, a.context)
         if b.next_token is not None:
-            b.next_token = sim.tokenize(" x")[0]
+            b.next_token = sim.text.tokenize(" x")[0]
         if b.state is AgentState.CLIENT and b.tool_ready_at is None:
             # a served agent waits for its client: in the shadow its client comes back as the traffic does
             # (engine/agents/served.py's shape: the median wait, then what a returning turn adds)
-            b.wait_for_tool(sim.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens],
+            b.wait_for_tool(sim.text.tokenize(" x" * settings.tool_tokens)[: settings.tool_tokens],
                             snap.now_s + settings.tool_latency_s)
         shadow.workload.seed_sampler(b)
         shadow.agents.append(b)

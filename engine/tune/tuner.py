@@ -278,7 +278,7 @@ class Tuner:
     def _convertible_unprobed(self, engine: EngineView, cur: Setting) -> list[KVSetting]:
         """The candidate KV types a probe by conversion would time (none where one cannot be converted to)."""
         kvs = self.measured.unprobed(engine, {c.kv for c in self.candidates(engine, cur)} - {cur.kv})
-        if any(engine.backend.can_convert(cur.kv, k) is not None for k in kvs):
+        if any(engine.backend.caps.converts(cur.kv, k) is not None for k in kvs):
             return []
         # a type no experiment could try in what is left (its switches there and back too dear) is not worth
         # timing: the probe's seconds would buy nothing
