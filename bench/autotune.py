@@ -64,10 +64,11 @@ from swarmtune.engine.agents.workload import Workload
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
-from swarmtune.engine.records import StepRecord
-from swarmtune.engine.tune import Goal, Tuner
+from swarmtune.engine.record.records import StepRecord
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 
 SIM = dict(profile="rx9070xt-qwen3.5-9b", seconds=480.0, agents=8, tool_latency_s=5.0, gen_tokens=256,
            tool_tokens=1024, caps=(4, 8), kvs=("f16", "q8_0"), residencies=("keep", "swap"))

@@ -39,7 +39,7 @@ from llama_tools import engine_buffer_flags, tool_settings_line  # noqa: E402
 from serve_vs_llama_server import BATCH, build_llama_server, free_port, launch, stop  # noqa: E402
 
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS, plan  # noqa: E402
-from swarmtune.engine.kv_types import KVSetting  # noqa: E402
+from swarmtune.engine.kv.types import KVSetting  # noqa: E402
 from tests.agent_traces import TRACES, TraceTurn, TurnResult, replay  # noqa: E402
 
 KV = KVSetting.parse  # a KV setting as a flag spells it

@@ -26,10 +26,10 @@ from stamps import on_own_thread  # bench/, next to this script
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 

@@ -25,7 +25,7 @@ from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
-from swarmtune.engine.records import RecordWriter
+from swarmtune.engine.record.records import RecordWriter
 from swarmtune.sources.live import LiveSource
 from swarmtune.tui.app import SwarmApp
 

@@ -19,7 +19,7 @@ import llama_cpp as ll
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 

@@ -54,9 +54,9 @@ from machine import cpu_name  # noqa: E402
 
 from swarmtune.engine.agents.served import ServedAgents  # noqa: E402
 from swarmtune.engine.quality.quality_check import QualityCheck  # noqa: E402
-from swarmtune.engine.recorder import Recorder  # noqa: E402
+from swarmtune.engine.record.recorder import Recorder  # noqa: E402
 from swarmtune.engine.scheduler import Scheduler  # noqa: E402
-from swarmtune.engine.tune import Tuner  # noqa: E402
+from swarmtune.engine.tune.tuner import Tuner  # noqa: E402
 from swarmtune.factories import make_engine  # noqa: E402
 from swarmtune.parsing import build_parser  # noqa: E402
 from swarmtune.server.bridge import Bridge, Sampling  # noqa: E402

@@ -31,7 +31,7 @@ from llama_tools import build_tool, engine_buffer_flags, tool_settings_line  # b
 from machine import cpu_name
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.quality.kv_quality import measure

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import tiny_gguf  # noqa: E402
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts  # noqa: E402
 
 KV = KVSetting.parse  # a KV setting as a flag spells it

@@ -15,7 +15,7 @@ import sys
 import time
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 

@@ -5,7 +5,7 @@ The tuner times a candidate KV type in a side cache before it forecasts a switch
 tokens there and decode a few steps at it. On a 2-core CPU that is seconds, too dear for a short run, so a
 run under ten minutes does not make it (docs/tuner.md). This bench puts beside it a probe that
 prefills nothing (the one a short run uses): one agent's history, already in the live cache, saved,
-converted to the candidate type (engine/backends/kv_convert.py) and restored into the side cache, for each
+converted to the candidate type (engine/kv/convert.py) and restored into the side cache, for each
 type; then both probes time the same decode points (engine/measure/kv_probe.py's decode_points: the
 history and a short one at the batch, and the short one alone), so they differ only in how the history
 gets into the side cache. Both run on
@@ -31,7 +31,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from machine import cpu_name  # noqa: E402  (bench/, next to this script)
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
-from swarmtune.engine.kv_types import F16, KVSetting  # noqa: E402
+from swarmtune.engine.kv.types import F16, KVSetting  # noqa: E402
 from swarmtune.engine.measure.kv_probe import STEPS, WARMUP, probe_kv, probe_kv_converted  # noqa: E402
 from swarmtune.engine.measure.probe import fill  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402

@@ -24,7 +24,7 @@ from stamps import on_own_thread  # noqa: E402
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend  # noqa: E402
 from swarmtune.engine.engine import Engine, EngineSettings  # noqa: E402
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.step_model import Calibration, Fit  # noqa: E402
 from swarmtune.engine.measure.sweep import run_sweep  # noqa: E402
 from swarmtune.engine.model.default_model import default_model_path  # noqa: E402

@@ -25,9 +25,10 @@ from autotune import CHANGING, run  # bench/, next to this script
 from machine import cpu_name
 
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.records import StepRecord
-from swarmtune.engine.tune import Goal, Tuner
-from swarmtune.engine.tune_events import TuneEvent
+from swarmtune.engine.record.records import StepRecord
+from swarmtune.engine.tune.events import TuneEvent
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 
 
 class TimedTuner(Tuner):

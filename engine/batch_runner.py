@@ -7,20 +7,18 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.agents.agent_source import AgentSource
-from swarmtune.engine.backends.backend import Backend, NoKVSlot
+from swarmtune.engine.backends.backend import Backend, Landing, NoKVSlot, VerifyLanding
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.errors import Stalled
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.residency import MoveLog, Parking
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.analysis import REFERENCE_EVERY_MAX_STEPS, StepAnalysis
-from swarmtune.engine.mix_policy import MixPolicy
-from swarmtune.engine.records import mean_context
-from swarmtune.engine.residency import MoveLog, Parking
+from swarmtune.engine.measure.stall_bound import StallBound
+from swarmtune.engine.record.records import mean_context
 from swarmtune.engine.scheduler import Plan
-from swarmtune.engine.settings import STALL_DECODE_STEPS, EngineSettings
+from swarmtune.engine.settings import EngineSettings
 from swarmtune.engine.spec.drafts import Drafts
-
-MIN_CHUNK_TOKENS = 16  # a prefill under a stall bound still moves, even where one call costs more than the bound
-PROBE_CHUNK_TOKENS = (16, 32, 64)
+from swarmtune.engine.spec.mix_policy import MixPolicy
 
 
 @dataclass
@@ -54,8 +52,7 @@ class BatchRunner:
         self.moves = moves
         self.parking = parking
         self.since_reference = 0  # decode steps since the last batch-1 reference step
-        self.probes = 0  # chunks cut to a stall bound before the chunk fit could size them
-        self.decode_s: float | None = None  # the swarm's decode steps, measured (a moving mean): --max-stall-ms auto
+        self.stall = StallBound(settings, analysis)
         self.drafts = Drafts(backend, lambda a: self.workload.turn_limit(a) - a.turn_generated)
         self.mix = MixPolicy(backend, settings, analysis)
         self.drafts.room = settings.draft_tokens  # the engine asked the backend for it before the first context
@@ -153,7 +150,7 @@ class BatchRunner:
         """How many of a's pending tokens the next chunk ingests (and the record's note where a bound cut it)."""
         self._paste_due(a)  # a chunk right after what it kept (a removal) goes back before any prefill
         n = min(most, a.kept[0].at - a.context) if a.kept else most  # up to the next kept chunk
-        return self._within_stall(n, a, agents)
+        return self.stall.cut(n, a.context, any(x.state is AgentState.DECODE for x in agents))
 
     def _chunk_served(self, a: Agent, step: int, seconds: float, agents: list[Agent]) -> None:
         """A chunk of a's is in: where it was the last, a's first token is drawn from its last row."""
@@ -161,35 +158,6 @@ class BatchRunner:
         if not a.pending:
             a.ready()
             self.sampled(a, self.backend.steps.first_token_after_prefill(a.seq), seconds, agents)
-
-    def _within_stall(self, n: int, a: Agent, agents: list[Agent]) -> tuple[int, str]:
-        """A chunk of n tokens cut to the stall bound while other agents decode (what the run's timed chunks
-        say fits in it, never under MIN_CHUNK_TOKENS), and the record's note when it was cut."""
-        bound = self._stall_bound(a)
-        if bound is None or not any(x.state is AgentState.DECODE for x in agents):
-            return n, ""
-        fits = self.analysis.chunk_within(self.s.kv, bound, a.context, n)
-        # before a fit: small chunks of three sizes, so the fit can tell a call's cost from a token's
-        cut = min(n, PROBE_CHUNK_TOKENS[self.probes % 3] if fits is None else max(fits, MIN_CHUNK_TOKENS))
-        self.probes += fits is None
-        return cut, (f"stall bound {bound * 1000:.0f} ms: {cut} of {n} tokens" if cut < n else "")
-
-    def _stall_bound(self, a: Agent) -> float | None:
-        """The stall bound for a's next chunk: the one stated, or under auto STALL_DECODE_STEPS times what each
-        chunk adds to a's time to its first token: the decode step run after it, and the call's own cost at
-        a's position (the fit's c + d·p), so that cutting a prompt into chunks costs it at most about 1/8 more.
-        Where a call's own cost is small (a GPU, a short context) that is 8 decode steps; at 6k cells on a 2-core
-        CPU, whole chunks."""
-        if not self.s.stall_auto:
-            return self.s.max_stall_s
-        if self.decode_s is None:
-            return None
-        fit = self.analysis.chunk_fit(self.s.kv)
-        return STALL_DECODE_STEPS * (self.decode_s + (fit.call_seconds(a.context) if fit is not None else 0.0))
-
-    def _decode_timed(self, seconds: float) -> None:
-        """A decode step of the swarm's (drafts verified or not, no prefill in it) took this long."""
-        self.decode_s = seconds if self.decode_s is None else self.decode_s + 0.2 * (seconds - self.decode_s)
 
     def _paste_due(self, a: Agent) -> None:
         """Kept chunks of its old cells whose place its prefill has reached go back
@@ -212,17 +180,9 @@ class BatchRunner:
         return self.analysis.reference_due(self.s.kv, [a.context for a in batch], self.since_reference)
 
     def _decode(self, plan: Plan, preempted: list[int], step: int, agents: list[Agent]) -> Callable[[], Ran]:
-        batch = plan.agents
-        note = ""
-        self.since_reference += 1
-        if self._reference_due(batch, agents):
-            # one agent alone, the others wait a step: a real step of the run, timed at batch 1, by the
-            # agent nearest the batch's mean context (where the next speedups will be read)
-            mean_ctx = mean_context(a.context for a in batch)
-            batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
-            note = "batch-1 reference step"
-        if len(batch) == 1 and (note or not self.s.draft_tokens):  # a step of one times batch 1 unless drafted
-            self.since_reference = 0
+        """A decode step begun: a plain one, one that verifies drafts, or one that carries a prefill chunk
+        (engine/spec/mix_policy.py); what it returns lands it."""
+        batch, note = self._reference_or(plan.agents, agents)
         # drafts ride every decode step but a reference (its time is batch 1's without them)
         self.drafts.set_length(self.s.draft_tokens, self.s.draft_auto)
         self.drafts.spent_s = 0.0
@@ -233,13 +193,9 @@ class BatchRunner:
         # a prefill chunk rides a plain step: not a reference's (batch 1's own time) nor a verify step
         mixed = plan.mixed if not note and drafts is None else None
         while True:
+            sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
             try:
-                sent = [a.next_token for a in batch if a.next_token is not None]  # every agent batched has one
-                if drafts is not None:
-                    return self._verify(batch, sent, drafts, preempted, step, agents)
-                if mixed is not None:
-                    return self._mixed(batch, sent, mixed, plan.chunk, preempted, step, agents)
-                landing = self.backend.steps.launch_decode([a.seq for a in batch], sent, [a.context for a in batch])
+                landing, chunk = self._launch(batch, sent, drafts, mixed, plan.chunk, agents)
                 break
             except NoKVSlot:
                 if drafts is not None or mixed is not None:  # the cells drafts or a chunk needed: without first
@@ -251,74 +207,89 @@ class BatchRunner:
                 batch = [a for a in batch if a is not victim]
                 if not batch:
                     return lambda: Ran("decode", [], 0.0, 0, preempted, note="no KV slot")
-
-        drafting_s = self.drafts.spent_s  # a draft model's calls whose drafts were all too unsure to ride
+        drafting_s = self.drafts.spent_s  # a draft model's calls: the step's own seconds
+        before = [a.context for a in batch]
 
         def landed() -> Ran:
-            out, seconds = landing()
-            self.drafts.observed(len(batch), seconds, 0)
+            runs, seconds = landing()
+            drafted = sum(len(d) for d in drafts) if drafts is not None else 0
+            if chunk is None:
+                self.drafts.observed(len(batch), seconds, drafted)
+                if not note:  # a batch-1 reference step is not the swarm's
+                    self.stall.decode_timed(seconds + drafting_s)
+            else:
+                self.mix.observed(seconds, batch, chunk[0], chunk[1])
             seconds += drafting_s
-            if not note:  # a batch-1 reference step is not the swarm's
-                self._decode_timed(seconds)
-            for a, fed, tok in zip(batch, sent, out, strict=True):
-                a.decoded(fed, step)
-                self.sampled(a, tok, seconds, agents)
-            return Ran("decode", batch, seconds, len(batch), preempted, note=note, reference=bool(note),
+            accepted = self._hand_out(batch, sent, runs, drafts, before, seconds, step, agents)
+            if chunk is not None and mixed is not None:
+                mixed.prefilled(chunk[0])
+                self._paste_due(mixed)
+                self._chunk_served(mixed, step, seconds, agents)
+            return Ran("decode", batch, seconds, len(batch) + accepted, preempted, note=chunk[2] if chunk else note,
+                       reference=bool(note), drafts=sum(1 for d in drafts or [] if d),
+                       drafted=drafted, accepted=accepted, prefill_tokens=chunk[0] if chunk else 0,
                        drafting_s=drafting_s)
         return landed
 
-    def _mixed(self, batch: list[Agent], sent: list[int], a: Agent, chunk: int, preempted: list[int], step: int,
-               agents: list[Agent]) -> Callable[[], Ran]:
-        """A decode step that carries a's next prefill chunk in the same call (engine/mix_policy.py)."""
-        n, note = self._next_chunk(chunk, a, agents)
-        pos0 = a.context
-        landing = self.backend.steps.launch_mixed([x.seq for x in batch], sent, [x.context for x in batch], a.seq,
-                                            a.pending[:n], pos0)
+    def _reference_or(self, batch: list[Agent], agents: list[Agent]) -> tuple[list[Agent], str]:
+        """The batch planned, or where a reference step is due, one agent alone (the others wait a step): a real
+        step of the run, timed at batch 1, by the agent nearest the batch's mean context (where the next
+        speedups will be read); and the record's note."""
+        self.since_reference += 1
+        note = ""
+        if self._reference_due(batch, agents):
+            mean_ctx = mean_context(a.context for a in batch)
+            batch = [min(batch, key=lambda a: (abs(a.context - mean_ctx), a.last_served_step))]
+            note = "batch-1 reference step"
+        if len(batch) == 1 and (note or not self.s.draft_tokens):  # a step of one times batch 1 unless drafted
+            self.since_reference = 0
+        return batch, note
 
-        def landed() -> Ran:
-            out, seconds = landing()
-            self.mix.observed(seconds, batch, n, pos0)
-            for x, fed, tok in zip(batch, sent, out, strict=True):
-                x.decoded(fed, step)
-                self.sampled(x, tok, seconds, agents)
-            a.prefilled(n)
-            self._paste_due(a)
-            self._chunk_served(a, step, seconds, agents)
-            return Ran("decode", batch, seconds, len(batch), preempted, note=note, prefill_tokens=n)
-        return landed
+    def _launch(self, batch: list[Agent], sent: list[int], drafts: list[list[int]] | None, mixed: Agent | None,
+                chunk: int, agents: list[Agent]) -> tuple[VerifyLanding, tuple[int, int, str] | None]:
+        """The step on its way (NoKVSlot: refused): what lands it gives each agent's run of tokens, and where it
+        carries a prefill chunk, (its tokens, its first position, the record's note)."""
+        steps, seqs, positions = self.backend.steps, [a.seq for a in batch], [a.context for a in batch]
+        if drafts is not None:
+            return steps.launch_verify(seqs, sent, positions, drafts), None
+        if mixed is None:
+            return _runs(steps.launch_decode(seqs, sent, positions)), None
+        n, note = self._next_chunk(chunk, mixed, agents)
+        pos0 = mixed.context
+        return _runs(steps.launch_mixed(seqs, sent, positions, mixed.seq, mixed.pending[:n], pos0)), (n, pos0, note)
 
-    def _verify(self, batch: list[Agent], sent: list[int], drafts: list[list[int]], preempted: list[int],
-                step: int, agents: list[Agent]) -> Callable[[], Ran]:
-        """A decode step that verifies drafts: each agent keeps the drafts its own draws agreed with, then the
-        draw after them; the cells of those it did not keep (or kept past its turn's end) are removed."""
-        before = [a.context for a in batch]
-        landing = self.backend.steps.launch_verify([a.seq for a in batch], sent, before, drafts)
-
-        drafting_s = self.drafts.spent_s  # a draft model's calls: the step's own seconds
-
-        def landed() -> Ran:
-            kept, seconds = landing()
-            self.drafts.observed(len(batch), seconds, sum(len(d) for d in drafts))
-            seconds += drafting_s
-            self._decode_timed(seconds)
-            accepted = 0
-            for a, fed, d, k, ctx0 in zip(batch, sent, drafts, kept, before, strict=True):
-                a.decoded(fed, step)
-                ended = False
-                for i, tok in enumerate(k):
-                    if not self.goes_on(a, tok):
-                        ended = True
-                        break
-                    if i < len(k) - 1:  # a draft kept: its cell is written, it is fed
-                        a.decoded(tok, step)
+    def _hand_out(self, batch: list[Agent], sent: list[int], runs: list[list[int]], drafts: list[list[int]] | None,
+                  before: list[int], seconds: float, step: int, agents: list[Agent]) -> int:
+        """The one place a decode step's tokens reach their agents: each is fed what it was sent, then takes its
+        run (a plain step's one draw; a verify step's drafts its draws agreed with, then the draw after them),
+        until its turn ends. The cells of drafts it did not keep (or kept past its turn's end) are removed.
+        Returns the drafts kept."""
+        accepted = 0
+        for i, (a, fed, run) in enumerate(zip(batch, sent, runs, strict=True)):
+            a.decoded(fed, step)
+            ended = False
+            for j, tok in enumerate(run):
+                if not self.goes_on(a, tok):
+                    ended = True
+                    break
+                if j < len(run) - 1:  # a draft kept: its cell is written, it is fed
+                    a.decoded(tok, step)
+            if drafts is not None:
+                d, ctx0 = drafts[i], before[i]
                 if ctx0 + 1 + len(d) > a.context:  # cells past its history: drafts rejected, or past the turn
                     self.backend.cells.truncate(a.seq, a.context)
                 # the drafts it kept, not those its draws agreed with past its turn's end; counted before the
                 # turn ends, so that its request counts them
                 self.drafts.verified(a, len(d), a.context - ctx0 - 1)
                 accepted += a.context - ctx0 - 1
-                if ended:
-                    self.turn_ended(a, seconds, agents)
-            return Ran("decode", batch, seconds, len(batch) + accepted, preempted, drafts=sum(1 for d in drafts if d),
-                       drafted=sum(len(d) for d in drafts), accepted=accepted, drafting_s=drafting_s)
-        return landed
+            if ended:
+                self.turn_ended(a, seconds, agents)
+        return accepted
+
+
+def _runs(landing: Landing) -> VerifyLanding:
+    """A plain landing's one token per sequence, as runs of one."""
+    def landed() -> tuple[list[list[int]], float]:
+        out, seconds = landing()
+        return [[t] for t in out], seconds
+    return landed

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.settings import (
     DraftSetting,
     EngineSettings,
@@ -212,3 +212,48 @@ def parse_command(text: str) -> Control:
         return Control(autotune=value == "on")
     n = whole_number(what, value)
     return Control(batch_cap=n) if what == "cap" else Control(agents=n)
+
+
+class ControlPath:
+    """The one writer of the settings in force (the KV type aside: the rebuild to it sets it once it is made).
+    At the start of a step it applies what was requested; the workload's shape changes through it too. Every
+    other module reads the settings."""
+
+    def __init__(self, settings: EngineSettings, pending: Pending, resize: Callable[[int], None],
+                 agents: Callable[[], int], make_room: Callable[[int], bool],
+                 on_autotune: Callable[[bool], None]) -> None:
+        self.s, self.pending = settings, pending
+        self.resize = resize  # the roster to n agents (engine/agents/roster.py)
+        self.agents = agents  # how many there are
+        self.make_room = make_room  # contexts for n drafted rows; True where the live one must be made again
+        self.on_autotune = on_autotune  # the tuner turned on or off
+
+    def apply(self) -> tuple[KVSetting | None, bool]:
+        """What was requested, applied but for a new KV type: that type (None: the one in force stays), and
+        whether the context must be made again for more drafted rows. A request from another thread meanwhile
+        is kept for the next step; a new KV type stays pending until its rebuild ends (or is refused)."""
+        c = self.pending.take()
+        if c.agents is not None:
+            self.resize(c.agents)
+            self.s.agents = c.agents
+        if c.batch_cap is not None:
+            self.s.batch_cap = c.batch_cap
+        if c.residency is not None:
+            self.s.residency = c.residency  # where the next agent to call a tool parks its history
+        if c.draft is not None:
+            self.s.draft_tokens, self.s.draft_auto = c.draft.tokens, c.draft.auto
+        if c.autotune is not None:
+            self.on_autotune(c.autotune)
+        self.s.batch_cap = cap_in_force(self.s.batch_cap, self.agents())
+        rebuild_to = c.kv if c.kv is not None and c.kv != self.s.kv else None
+        if c:
+            self.pending.applied(replace(c, kv=None) if rebuild_to is not None else c)
+        return rebuild_to, self.make_room(self.s.draft_tokens)
+
+    def reshape(self, gen_tokens: int | None = None, tool_tokens: int | None = None,
+                tool_latency_s: float | None = None) -> None:
+        """The workload's turns as the forecasts run them: a bench's phases, or what served traffic looks like."""
+        for name, value in (("gen_tokens", gen_tokens), ("tool_tokens", tool_tokens),
+                            ("tool_latency_s", tool_latency_s)):
+            if value is not None:
+                setattr(self.s, name, value)

@@ -8,34 +8,35 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from swarmtune.engine.agents.agent import Agent, AgentState
+from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.agents.agent_source import AgentSource
+from swarmtune.engine.agents.cache_check import check_caches
+from swarmtune.engine.agents.roster import Roster
 from swarmtune.engine.agents.workload import Workload
 from swarmtune.engine.backends.backend import NO_DRAFTS_RECURRENT, Backend
 from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.batch_runner import BatchRunner, Ran
-from swarmtune.engine.cache_check import check_caches
-from swarmtune.engine.control import Control, EngineState, Pending
+from swarmtune.engine.control import Control, ControlPath, EngineState, Pending
 from swarmtune.engine.engine_view import EngineSnapshot, QualityHook, TunerHook
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_budget import KVBudget
-from swarmtune.engine.kv_switch import KVSwitch
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.budget import KVBudget
+from swarmtune.engine.kv.residency import MoveLog, Parking
+from swarmtune.engine.kv.switch import KVSwitch
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter, NoMeter
 from swarmtune.engine.measure.speedup import BatchOneReference
 from swarmtune.engine.measure.step_model import Calibration
-from swarmtune.engine.recorder import Recorder
-from swarmtune.engine.records import StepRecord
-from swarmtune.engine.residency import MoveLog, Parking
-from swarmtune.engine.run_header import run_header
+from swarmtune.engine.record.recorder import Recorder
+from swarmtune.engine.record.records import StepRecord
+from swarmtune.engine.record.run_header import run_header
 from swarmtune.engine.scheduler import Scheduler
 from swarmtune.engine.settings import (
     EngineSettings,
     cap_in_force,
     min_context,
 )
-from swarmtune.engine.tune_events import TuneEvent
+from swarmtune.engine.tune.events import TuneEvent
 
 
 class Engine:
@@ -53,8 +54,8 @@ class Engine:
         # what drives the agents (engine/agents/agent_source.py): the synthetic swarm unless told otherwise
         self.workload: AgentSource = agents or Workload(backend, self.s.seed, self.s.gen_tokens, self.s.tool_tokens,
                                  self.s.tool_latency_s, self.s.tool_latency_sigma)
-        self.slots = max(self.s.agents, 1)
-        self.agents: list[Agent] = []
+        self.roster = Roster(backend, self.workload, self.s.agents, self.s.ctx_per_agent)
+        self.agents: list[Agent] = self.roster.agents
         self.budget = KVBudget(self.facts, self.s)
         # it reads the batch cap and the chunk from the settings, the budget from the KV type in force
         min_need = min_context(self.s)
@@ -85,6 +86,8 @@ class Engine:
         self.runner = BatchRunner(backend, self.s, self.workload, self.clock, self.analysis, self.moves, self.parking)
         self.scheduler = Scheduler(self.s, lambda: self.budget_tokens(self.s.kv), self.runner.mix.chunk)
         self.switch = KVSwitch(backend, self.s, self.analysis, self.moves, self.runner)
+        self.controls = ControlPath(self.s, self.pending, self.roster.resize, lambda: len(self.agents),
+                                    self.runner.drafts.make_room, self._autotune)
         self._queued: list[StepRecord] = []  # the tuner's records, handed out before the next step
         # overlap: the next decode step is launched before a step's record goes to its readers, where the
         # backend's steps run on a device while the host goes on (docs/host.md)
@@ -105,7 +108,7 @@ class Engine:
 
     def resume_from(self, snap: EngineSnapshot, clock: Clock) -> None:
         """In place of start(): goes on from another's snapshot, on this clock (agents and cache: the caller's)."""
-        self.slots = snap.slots
+        self.roster.slots = snap.slots
         self.runner.since_reference = snap.since_reference
         self.clock = self.runner.clock = clock
         self.started = True
@@ -124,7 +127,7 @@ class Engine:
         self.backend.open(self.s.kv, self.slots, self.s.ctx_per_agent)
         self.analysis.context_opened(time.perf_counter() - t0)
         for i in range(self.s.agents):
-            self._new_agent(i)
+            self.roster.add(i)
         self.clock.start()
         self.started_at, self.run_id = datetime.now(UTC).isoformat(timespec="seconds"), uuid.uuid4().hex[:12]
         self.started = True
@@ -132,26 +135,14 @@ class Engine:
             # on the run's clock: what the tuner measures before the first step costs the swarm its time
             self._queued += [self.tune_record(note) for note in self.tuner.prepare(self)]
 
-    def _new_agent(self, agent_id: int) -> Agent:
-        used = {a.seq for a in self.agents}
-        seq = next(s for s in range(self.slots) if s not in used)
-        a = Agent(id=agent_id, seq=seq, limit=self.s.ctx_per_agent)
-        self.workload.start_task(a)
-        self.agents.append(a)
-        return a
-
     def _why_no_room(self, kv: KVSetting, agents: int) -> str | None:
         """Whether the device holds the cache this KV type and agent count would rebuild: refused at the
         request, not in the rebuild (where the old type would need the new streams too)."""
-        return self.backend.why_no_room(kv, self._slots_for(agents), self.s.ctx_per_agent)
+        return self.backend.why_no_room(kv, self.roster.slots_for(agents), self.s.ctx_per_agent)
 
-    def _slots_for(self, agents: int) -> int:
-        """The streams a swarm of this many agents runs on: doubled until they hold every agent (a rebuild
-        each time they grow, so they grow in steps), never shrunk."""
-        slots = self.slots
-        while slots < agents:
-            slots *= 2
-        return slots
+    @property
+    def slots(self) -> int:
+        return self.roster.slots
 
     def header(self) -> dict[str, object]:
         return run_header(self.backend, self.s, self.slots, self.overlap, self.reference, self.meter,
@@ -166,39 +157,19 @@ class Engine:
                      tool_latency_s: float | None = None) -> None:
         """The synthetic swarm's turns change shape from the next turn on (a bench's phases: reading large
         tool results, then writing long answers): a forecast made after it sees the new shape."""
-        for name, value in (("gen_tokens", gen_tokens), ("tool_tokens", tool_tokens),
-                            ("tool_latency_s", tool_latency_s)):
-            if value is not None:
-                if not isinstance(self.workload, Workload):
-                    raise UserError("only the synthetic swarm's turns can be reshaped")
-                setattr(self.s, name, value)
-                setattr(self.workload, name, value)
+        if not isinstance(self.workload, Workload):
+            raise UserError("only the synthetic swarm's turns can be reshaped")
+        self.controls.reshape(gen_tokens, tool_tokens, tool_latency_s)
+        self.workload.reshape(gen_tokens, tool_tokens, tool_latency_s)
 
     def state(self) -> EngineState:
         """The settings in force with the change requested and not yet applied over them."""
         return self.pending.state()
 
     def _apply_controls(self) -> Ran | None:
-        # a request from another thread meanwhile is kept for the next step
-        c = self.pending.take()
-        if c.agents is not None:
-            self._set_agents(c.agents)
-        if c.batch_cap is not None:
-            self.s.batch_cap = c.batch_cap
-        if c.residency is not None:
-            self.s.residency = c.residency  # where the next agent to call a tool parks its history
-        if c.draft is not None:
-            self.s.draft_tokens, self.s.draft_auto = c.draft.tokens, c.draft.auto
-        if c.autotune is not None and c.autotune != self.autotune:
-            self.autotune = c.autotune
-            if c.autotune and self.tuner is not None:
-                self.tuner.restart()  # it measures from now, not from before it was turned off
-        self.s.batch_cap = cap_in_force(self.s.batch_cap, len(self.agents))
-        rebuild_to = c.kv if c.kv is not None and c.kv != self.s.kv else None
-        # a new KV type stays pending until the rebuild to it ends (or is refused)
-        if c:
-            self.pending.applied(replace(c, kv=None) if rebuild_to is not None else c)
-        more_rows = self.runner.drafts.make_room(self.s.draft_tokens)  # a context made for fewer drafts: rebuilt
+        """What was requested, applied (engine/control.py); a new KV type, or more streams or drafted rows
+        than the context was made for, rebuild it: a step of its own."""
+        rebuild_to, more_rows = self.controls.apply()
         if rebuild_to is None and self.backend.n_seqs >= self.slots and not more_rows:
             return None
         ran = self.switch.rebuild(rebuild_to or self.s.kv, self.slots, self.agents, self.budget_tokens,
@@ -207,22 +178,11 @@ class Engine:
             self.pending.applied(Control(kv=rebuild_to))  # done, or refused: either way no longer pending
         return ran
 
-    def _set_agents(self, n: int) -> None:
-        while len(self.agents) > n:
-            # a served agent waiting for its client goes first: one serving a request takes it with it
-            a = max(self.agents, key=lambda x: (x.state is AgentState.CLIENT, x.id))
-            self.backend.cells.drop(a.seq)
-            self.agents.remove(a)
-        next_id = max((a.id for a in self.agents), default=-1) + 1
-        self.slots = self._slots_for(n)  # where it grew, the next step rebuilds the context with room for them
-        while len(self.agents) < n:
-            a = Agent(id=next_id, seq=-1, limit=self.s.ctx_per_agent)
-            a.seq = next(s for s in range(self.slots) if s not in {x.seq for x in self.agents})
-            self.agents.append(a)
-            if a.seq < self.backend.n_seqs:
-                self.workload.start_task(a)
-            next_id += 1
-        self.s.agents = n
+    def _autotune(self, on: bool) -> None:
+        if on != self.autotune:
+            self.autotune = on
+            if on and self.tuner is not None:
+                self.tuner.restart()  # it measures from now, not from before it was turned off
 
     # one step
     def step(self) -> StepRecord:
@@ -295,7 +255,7 @@ class Engine:
         return self.clock.now_s()
 
     def check_caches(self) -> None:
-        """Raises CacheMismatch where an agent's cells are not exactly its history (engine/cache_check.py);
+        """Raises CacheMismatch where an agent's cells are not exactly its history (engine/agents/cache_check.py);
         a step launched ahead lands first."""
         self.land()
         check_caches(self.backend, self.agents)
@@ -310,29 +270,19 @@ class Engine:
 
     def _begin(self, launch: bool) -> Callable[[], Ran]:
         self.workload.before_step(self.agents, self.now_s())  # requests that arrived go to their agents here
-        self._follow_traffic()
+        if (shape := self.workload.traffic()) is not None:  # served traffic: the forecasts run what it looks like
+            self.controls.reshape(shape.gen_tokens, shape.tool_tokens, shape.wait_s)
         self.runner.wake_tools(self.agents, self.now_s(),
                                lambda: self.budget_tokens(self.s.kv) - self.scheduler.used_tokens(self.agents))
         plan = self.scheduler.schedule(self.agents, self.step_index)
         return self.runner.start(plan, self.agents, self.step_index, launch)
 
-    def _follow_traffic(self) -> None:
-        """Served traffic: the forecasts run what it looks like."""
-        if (shape := self.workload.traffic()) is not None:
-            self.s.gen_tokens, self.s.tool_tokens = shape.gen_tokens, shape.tool_tokens
-            self.s.tool_latency_s = shape.wait_s
-
     # the record
     def _record(self, ran: Ran) -> StepRecord:
         moved = self.moves.take()
         t = self.clock.step_ended(ran.seconds + sum(m.seconds for m in moved))
-        rec = self.recorder.record(self.step_index, t, ran.kind, ran.batch, ran.seconds, ran.tokens, ran.preempted,
-                                   ran.note, moved, self.agents, self.meter, self._step_t0, ran.drafted,
-                                   ran.prefill_tokens, ran.drafting_s)
-        rec.reference, rec.converted_tokens, rec.drafts, rec.accepted = (
-            ran.reference, ran.converted_tokens, ran.drafts, ran.accepted)
-        rec.refused_kv, rec.lost_tokens = (None if ran.refused_kv is None else ran.refused_kv.label,
-                                           self.moves.take_lost())
+        rec = self.recorder.record(self.step_index, t, ran, moved, self.moves.take_lost(), self.agents, self.meter,
+                                   self._step_t0)
         self.step_index += 1
         return rec
 

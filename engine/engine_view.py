@@ -10,13 +10,13 @@ from typing import Protocol
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.control import Control, EngineState
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.model.model_facts import ModelFacts
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.tune_events import TuneEvent
+from swarmtune.engine.tune.events import TuneEvent
 
 
 @dataclass(frozen=True)

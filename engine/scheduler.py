@@ -24,7 +24,7 @@ class Scheduler:
         # and what the KV budget holds at the type in force
         self.s = settings
         self._budget = kv_budget_tokens
-        # how many of an agent's next chunk a decode batch carries in its own call (engine/mix_policy.py)
+        # how many of an agent's next chunk a decode batch carries in its own call (engine/spec/mix_policy.py)
         self._mix = mix or (lambda batch, a, chunk: 0)
         self._last_kind = "decode"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16, KVSetting
+from swarmtune.engine.kv.types import F16, KVSetting
 
 MAX_AGENTS = 256
 
@@ -117,7 +117,7 @@ def whole_number(what: str, text: str) -> int:
 class EngineSettings:
     agents: int = 8
     batch_cap: int = 8
-    kv: KVSetting = F16  # parsed where it came in (engine/kv_types.py: KVSetting.parse)
+    kv: KVSetting = F16  # parsed where it came in (engine/kv/types.py: KVSetting.parse)
     seed: int = 0
     gen_tokens: int = 64  # T
     tool_tokens: int = 192  # M
@@ -133,7 +133,7 @@ class EngineSettings:
     # (prefilled again when its agent returns). None: no bound
     swap_limit_bytes: float | None = None
     reference: bool = True  # interleave batch-1 decode steps: the reference for measured speedup
-    # a KV switch converts the cached K and V to the new type where the backend can (engine/backends/kv_convert.py);
+    # a KV switch converts the cached K and V to the new type where the backend can (engine/kv/convert.py);
     # off, or where it cannot, every history is prefilled again
     kv_convert: bool = True
     check: bool = field(default_factory=check_default)  # after each step, every cache holds its agent's history
@@ -150,7 +150,7 @@ class EngineSettings:
     max_stall_s: float | None = None
     stall_auto: bool = False
     # a decode step carries the next prefill chunk in the same call: True, False, or None: where the measured
-    # seconds say it pays, on a device; two calls on the CPU (engine/mix_policy.py)
+    # seconds say it pays, on a device; two calls on the CPU (engine/spec/mix_policy.py)
     mix: bool | None = None
 
     def validate(self, n_ctx_train: int, no_drafts: str | None = None) -> None:

@@ -4,7 +4,7 @@ import argparse
 import os
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16
+from swarmtune.engine.kv.types import F16
 
 
 def remote_source(args: argparse.Namespace):
@@ -109,7 +109,7 @@ def engine_settings(args: argparse.Namespace, backend):
 
 def tuner_goal(args: argparse.Namespace):
     from swarmtune.engine.quality.quality_check import DEFAULT_KV_QUALITY, QUALITY_CANDIDATES
-    from swarmtune.engine.tune import Goal, parse_objective
+    from swarmtune.engine.tune.goal import Goal, parse_objective
 
     objective, floor = parse_objective(args.autotune or "tokens_per_s")
     kv = args.kv  # a KVSetting: parsing.py read it
@@ -144,12 +144,12 @@ def power_meter(args: argparse.Namespace, goal, profile):
 
 
 def preview(args: argparse.Namespace) -> dict:
-    """The run's preview header (engine/run_header.py), from the model file's header and the flags, with every
+    """The run's preview header (engine/record/run_header.py), from the model file's header and the flags, with every
     flag checked as make_engine checks it: a bad one is refused before any screen is drawn. The simulated card
     is cheap to make; a model is only read here, not loaded."""
     from types import SimpleNamespace
 
-    from swarmtune.engine.run_header import preview_header
+    from swarmtune.engine.record.run_header import preview_header
 
     check_flags(args)
     goal = tuner_goal(args)
@@ -172,7 +172,7 @@ def preview(args: argparse.Namespace) -> dict:
 
 def make_engine(args: argparse.Namespace, progress=None):
     from swarmtune.engine.engine import Engine
-    from swarmtune.engine.tune import Tuner
+    from swarmtune.engine.tune.tuner import Tuner
 
     check_flags(args)
     goal = tuner_goal(args)

@@ -10,7 +10,7 @@ from typing import NoReturn
 import swarmtune
 from swarmtune.engine.conversation.chunk_reuse import DEFAULT_MIN_TOKENS
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting, parse_kv_list
+from swarmtune.engine.kv.types import KVSetting, parse_kv_list
 from swarmtune.engine.settings import AUTO_DRAFT_TOKENS, STALL_DECODE_STEPS
 
 EXIT_BAD_INPUT = 2

@@ -9,7 +9,7 @@ import pytest
 import swarmtune.engine
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.profiles import profile
 

@@ -19,7 +19,7 @@ from conftest import ROOT
 from swarmtune.engine.backends.llama_backend import caches_from_log
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
-from swarmtune.engine.kv_types import KV_TYPES, KVSetting, read_kv
+from swarmtune.engine.kv.types import KV_TYPES, KVSetting, read_kv
 from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
 from swarmtune.engine.measure.sweep import run_sweep
 from swarmtune.engine.model.bytes_model import ByteModel, bytes_model_from_header

@@ -6,12 +6,13 @@ import numpy as np
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.quality.quality_check import QualityCheck, band_of
-from swarmtune.engine.records import StepRecord
-from swarmtune.engine.tune import Goal, Tuner
-from swarmtune.engine.tune_events import Foreseen, Setting, event_from_json
+from swarmtune.engine.record.records import StepRecord
+from swarmtune.engine.tune.events import Foreseen, Setting, event_from_json
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.status import status_text
 from tests.conftest import SIM

@@ -12,7 +12,7 @@ from swarmtune.engine.agents.agent import AgentState
 from swarmtune.engine.backends.backend import CacheMismatch
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 
 KV = KVSetting.parse  # a KV setting as a flag spells it
 
@@ -86,7 +86,7 @@ def test_kv_switch_both_ways_keeps_every_cache(llama_backend, fresh):
 
 
 def test_kv_switch_by_conversion_keeps_every_cache_without_a_prefill(llama_backend, fresh):
-    """The cached K and V converted to the new type (engine/backends/kv_convert.py): nothing prefilled again, every
+    """The cached K and V converted to the new type (engine/kv/convert.py): nothing prefilled again, every
     agent's next-token distribution within the type's tolerance of a fresh prefill at the new type."""
     e = Engine(llama_backend, EngineSettings(**SETTINGS))
     _run(e, 30)

@@ -11,7 +11,7 @@ from swarmtune.engine.engine import Engine
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.power.meter import make_meter
 from swarmtune.engine.model.profiles import profile
-from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.record.records import AgentView, StepRecord
 from swarmtune.engine.settings import EngineSettings
 from tests.conftest import SIM
 from tests.test_served import ask, make, run, toks

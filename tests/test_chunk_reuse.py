@@ -1,4 +1,4 @@
-"""Reuse past a divergence (engine/conversation/chunk_reuse.py, engine/backends/kv_splice.py): which old cells a
+"""Reuse past a divergence (engine/conversation/chunk_reuse.py, engine/kv/splice.py): which old cells a
 changed prompt keeps, that the engine puts them back where the prompt has them, and (on the real model) that
 the cache it builds continues the prompt almost as a full prefill does, while a wiped one does not."""
 
@@ -9,7 +9,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.chunk_reuse import MAX_INSERTED, Chunk, KeptChunk, plan, unfold
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
 from tests.conftest import SIM

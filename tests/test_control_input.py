@@ -5,7 +5,7 @@ import pytest
 
 from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.settings import DraftSetting
 
 BAD = [

@@ -6,7 +6,7 @@ import pytest
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.power.meter import ModeledMeter
 from swarmtune.engine.model.profiles import profile
 from swarmtune.sources.live import LiveSource
@@ -151,7 +151,8 @@ async def test_quit_mid_rebuild_on_the_real_model(llama_backend):
 
 @pytest.mark.slow
 async def test_tuner_and_residency_controls_and_its_decisions_on_screen():
-    from swarmtune.engine.tune import Goal, Tuner
+    from swarmtune.engine.tune.goal import Goal
+    from swarmtune.engine.tune.tuner import Tuner
 
     p = profile(SIM)
     s = EngineSettings(agents=8, ctx_per_agent=p.context_per_agent, kv_budget_bytes=p.kv_budget_bytes, seed=1,
@@ -241,7 +242,7 @@ async def test_speculation_shown_counted_and_curved():
 
 
 def test_a_prompt_being_prefilled_shows_how_far_and_the_time_left():
-    from swarmtune.engine.records import AgentView
+    from swarmtune.engine.record.records import AgentView
     from swarmtune.tui.stats import Stats
     from swarmtune.tui.widgets.agents import progress
 
@@ -255,7 +256,7 @@ def test_a_prompt_being_prefilled_shows_how_far_and_the_time_left():
 
 
 def _step(t: float, views: list, kind: str = "decode", note: str = "", ended: list | None = None):
-    from swarmtune.engine.records import StepRecord
+    from swarmtune.engine.record.records import StepRecord
 
     return StepRecord(step=int(t * 100), t=t, kind=kind, batch=len(views), batch_ids=[v.id for v in views],
                       batch_cap=8, kv_type="f16", agents=views, weight_bytes=0, kv_bytes=0.0, seconds=0.0,
@@ -263,7 +264,7 @@ def _step(t: float, views: list, kind: str = "decode", note: str = "", ended: li
 
 
 def test_inter_token_gaps_are_per_token_and_a_turns_first_token_has_none():
-    from swarmtune.engine.records import AgentView
+    from swarmtune.engine.record.records import AgentView
     from swarmtune.tui.latency import Latencies, percentile
 
     lat = Latencies()
@@ -282,7 +283,7 @@ def test_inter_token_gaps_are_per_token_and_a_turns_first_token_has_none():
 
 
 def test_the_latency_panel_shows_the_swarms_percentiles_and_a_held_prefill():
-    from swarmtune.engine.records import AgentView, RequestLatency
+    from swarmtune.engine.record.records import AgentView, RequestLatency
     from swarmtune.tui.stats import Stats
     from swarmtune.tui.widgets.agents import waited
     from swarmtune.tui.widgets.latency import latency_text

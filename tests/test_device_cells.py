@@ -21,12 +21,12 @@ import pytest
 
 from swarmtune.engine.agents.agent import AgentState
 from swarmtune.engine.backends.backend import CacheMismatch
-from swarmtune.engine.backends.kv_convert import parse
 from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.chunk_reuse import plan
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.convert import parse
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.kv_probe import probe_kv, probe_kv_converted
 from swarmtune.engine.quality.quality_check import QualityCheck
 from tests.test_cache_integrity import _kl_nats, assert_each_agent_continues_its_own_text

@@ -12,7 +12,7 @@ import pytest
 
 from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
 from tests import tiny_gguf
 

@@ -11,10 +11,11 @@ from swarmtune.engine.backends.sim_backend import _WORDS, SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.model.profiles import profile
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.settings import DraftSetting
-from swarmtune.engine.tune import Goal, Tuner
-from swarmtune.engine.tune_events import Speculated, event_from_json
+from swarmtune.engine.tune.events import Speculated, event_from_json
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.status import status_text
 from tests.conftest import SIM

@@ -7,7 +7,7 @@ import pytest
 from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.probe import time_decode
 from tests.conftest import run_cli
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
 
 KV = KVSetting.parse  # a KV setting as a flag spells it

@@ -3,10 +3,10 @@ taken; the byte model counts each at its own type; the flags printed for other e
 
 import pytest
 
-from swarmtune.engine.backends.kv_convert import rotation
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES, KVSetting, parse_kv_list
+from swarmtune.engine.kv.convert import rotation
+from swarmtune.engine.kv.types import KV_TYPES, KVSetting, parse_kv_list
 from swarmtune.engine.model.bytes_model import ByteModel
 from swarmtune.engine.model.engine_flags import engine_flags
 from tests.conftest import run_cli

@@ -9,7 +9,7 @@ import pytest
 
 from swarmtune.engine.backends.backend import CacheMismatch
 from swarmtune.engine.backends.sim_backend import SimBackend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.kv_probe import (
     RATIO_BOUNDS,
     SHORT_CONTEXT,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.quality.kv_quality import LOG_P_FLOOR, MIN_POSITIONS, BandFigures, kl_and_top1, measure, windows
 from tests.conftest import run_cli
 

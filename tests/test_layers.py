@@ -100,3 +100,22 @@ def test_what_drives_the_agents_edits_no_cells_itself():
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in editing
              and "backend" in ast.unparse(node.func.value)]
     assert not calls, calls
+
+
+def test_only_the_control_path_writes_the_settings_in_force():
+    """The settings in force change in one place: `ControlPath` (engine/control.py), and the KV type where
+    the rebuild to it was made (engine/kv/switch.py). Every other module of the engine, the server and the
+    sources reads them: an assignment to a setting's field on `s`, `self.s` or `settings` is found by name."""
+    import dataclasses
+
+    from swarmtune.engine.settings import EngineSettings
+
+    fields = {f.name for f in dataclasses.fields(EngineSettings)}
+    files = [p for top in ("engine", "swarmtune/server", "swarmtune/sources", "swarmtune/commands")
+             for p in (ROOT / top).rglob("*.py")]
+    writes = [(where, ast.unparse(x)) for where, x in _writes(files, fields, calls=False)
+              if ast.unparse(x.value) in ("s", "self.s", "settings", "engine.s", "e.s")]
+    assert writes, "the check finds no write at all: it is looking in the wrong place"
+    elsewhere = [w for w in writes if not w[0].startswith(("engine/control.py", "engine/kv/switch.py"))]
+    assert not elsewhere, elsewhere
+    assert {x for where, x in writes if where.startswith("engine/kv/switch.py")} == {"self.s.kv"}

@@ -1,4 +1,4 @@
-"""A decode step that carries a prefill chunk in the same call (engine/mix_policy.py): on a forced setting, on
+"""A decode step that carries a prefill chunk in the same call (engine/spec/mix_policy.py): on a forced setting, on
 a device where the measured seconds decide, and llama.cpp's mixed call against two calls."""
 
 import json
@@ -11,7 +11,7 @@ from swarmtune.engine.backends.backend import Caps, Landing
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, run_cli
 

@@ -3,7 +3,7 @@ import pytest
 from gguf import GGUFWriter
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES, KVSetting
+from swarmtune.engine.kv.types import KV_TYPES, KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
 
 KV = KVSetting.parse  # a KV setting as a flag spells it

@@ -13,10 +13,11 @@ from swarmtune.engine.backends.llama_backend import LlamaBackend
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import read_model_facts
 from swarmtune.engine.model.profiles import profile
-from swarmtune.engine.tune import Goal, Tuner
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 from swarmtune.sources.live import LiveSource
 from swarmtune.sources.protocol import Sink
 from tests.conftest import SIM, until

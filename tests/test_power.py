@@ -11,7 +11,7 @@ import pytest
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import ModeledMeter, NoMeter, SampledMeter, make_meter
 from swarmtune.engine.measure.power.sampler import PowerSampler

@@ -14,7 +14,7 @@ from swarmtune.engine.agents.prefix_index import BLOCK_TOKENS, PrefixIndex
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.conversation import chunk_reuse
 from swarmtune.engine.conversation.token_hashes import common_prefix
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM
 

@@ -9,11 +9,12 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.quality.kv_quality import kl_and_top1
 from swarmtune.engine.quality.quality_check import CHECK_POSITIONS, QualityCheck, QualityLedger, band_of
 from swarmtune.engine.quality.quality_texts import swarm_documents
-from swarmtune.engine.tune import Goal, Tuner
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 from tests.conftest import SIM, run_cli
 
 KV = KVSetting.parse  # a KV setting as a flag spells it

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import mean_context, read_recording
+from swarmtune.engine.record.records import mean_context, read_recording
 from tests.conftest import ROOT, SIM, run_cli
 
 HEADER_KEYS = {"model", "weight_bytes", "kv_bytes_per_token", "backend", "device", "versions", "settings", "source"}
@@ -87,7 +87,7 @@ def test_a_step_line_reads_back_as_what_asdict_held(sim_engine):
     # writes each view once: the line must read back as the record's every field
     from dataclasses import asdict
 
-    from swarmtune.engine.records import Move
+    from swarmtune.engine.record.records import Move
 
     seen = 0
     for _ in range(200):
@@ -107,7 +107,7 @@ def test_a_step_line_reads_back_as_what_asdict_held(sim_engine):
 
 
 def test_a_file_line_carries_the_views_that_changed_and_reads_back_whole(sim_engine, tmp_path):
-    from swarmtune.engine.records import RECORD_FORMAT, RecordWriter
+    from swarmtune.engine.record.records import RECORD_FORMAT, RecordWriter
 
     w = RecordWriter(tmp_path / "r.jsonl")
     w.open({"model": "sim"})
@@ -147,7 +147,7 @@ def test_a_recording_of_format_1_still_replays(sim_engine, tmp_path):
 
 
 def test_an_agent_that_leaves_is_gone_from_the_file_too(tmp_path):
-    from swarmtune.engine.records import AgentView, RecordWriter, StepRecord
+    from swarmtune.engine.record.records import AgentView, RecordWriter, StepRecord
 
     def rec(step: int, ids: list[int]) -> StepRecord:
         return StepRecord(step=step, t=0.0, kind="idle", batch=0, batch_ids=[], batch_cap=8, kv_type="f16",

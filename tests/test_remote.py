@@ -144,7 +144,7 @@ def test_the_client_reports_a_gap():
             return {"settings": {"batch_cap": 8, "kv_type": "f16", "agents": 8, "paused": False}}
 
         def steps(self, from_step=None):
-            from swarmtune.engine.records import StepRecord
+            from swarmtune.engine.record.records import StepRecord
             for i in (0, 1, 2, 7, 8):
                 yield StepRecord(step=i, t=i, kind="decode", batch=1, batch_ids=[0], batch_cap=8, kv_type="f16",
                                  agents=[], weight_bytes=0, kv_bytes=0, seconds=1, tokens=1, source="simulated")

@@ -4,8 +4,8 @@ import pytest
 
 from swarmtune.engine.control import Control
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.records import read_recording
+from swarmtune.engine.kv.types import KVSetting
+from swarmtune.engine.record.records import read_recording
 from swarmtune.sources.replay import ReplaySource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, run_cli, wait_for

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmtune.engine.records import read_recording
+from swarmtune.engine.record.records import read_recording
 from swarmtune.sources.replay import ReplaySource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import wait_for
@@ -61,7 +61,7 @@ def raw_lines(path: Path) -> list[dict]:
 
 def folded_views(step_lines: list[dict]) -> list[dict[int, dict]]:
     """Each step's agents as format 2 leaves them: a line carries only the agents whose view changed since the
-    line before it, and `agents_gone` the ones that left. Written here apart from engine/records.py."""
+    line before it, and `agents_gone` the ones that left. Written here apart from engine/record/records.py."""
     views: dict[int, dict] = {}
     out = []
     for d in step_lines:

@@ -14,7 +14,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from tests.conftest import SIM, prefill_code
 from tests.test_cache_integrity import assert_each_agent_continues_its_own_text

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.kv_types import F16
-from swarmtune.engine.records import iter_lines
+from swarmtune.engine.kv.types import F16
+from swarmtune.engine.record.records import iter_lines
 from tests.conftest import until
 from tests.remote_helpers import served
 

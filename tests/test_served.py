@@ -14,7 +14,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
 from swarmtune.engine.engine import Engine
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import EngineSettings
 from tests.conftest import SIM
@@ -260,7 +260,8 @@ def test_a_reply_rendered_back_in_other_tokens_still_continues_its_agent():
 def test_the_tuner_forecasts_served_traffic_without_waiting_for_clients():
     import time
 
-    from swarmtune.engine.tune import Goal, Tuner
+    from swarmtune.engine.tune.goal import Goal
+    from swarmtune.engine.tune.tuner import Tuner
 
     p = profile(SIM)
     backend = SimBackend(p)
@@ -303,7 +304,7 @@ def test_a_requests_latency_parts_add_up_to_its_wall_time():
 def test_the_steps_carry_each_ended_requests_latency_and_each_agents_live_wait():
     """What the dashboard folds reaches it with the steps: the requests that ended in a step, the figures of
     their records, and each serving agent's queue wait and first token while its request runs."""
-    from swarmtune.engine.records import step_from_dict
+    from swarmtune.engine.record.records import step_from_dict
 
     e, served = make(agents=2)
     recs, ended, views = [], [], []

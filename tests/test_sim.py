@@ -8,7 +8,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.speedup import crossover_context, predicted_speedup
 from swarmtune.engine.measure.sweep import run_sweep
 from swarmtune.engine.model.profiles import PROFILES, profile
@@ -210,7 +210,7 @@ def test_sim_kv_switch_keeps_every_cache():
     e.request(Control(kv=KV("q8_0")))
     r = e.step()
     # every history comes back (with the token each had sampled, and any tool result still pending)
-    # (converted in place: engine/backends/kv_convert.py; none prefilled again)
+    # (converted in place: engine/kv/convert.py; none prefilled again)
     assert r.kind == "rebuild" and r.tokens + r.converted_tokens == sum(a.context for a in e.agents)
     assert r.converted_tokens > 0
     assert all(a.context >= held[a.id] for a in e.agents)

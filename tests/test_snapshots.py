@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarmtune.engine.records import read_recording
+from swarmtune.engine.record.records import read_recording
 from swarmtune.sources.replay import ReplaySource
 from swarmtune.tui.app import SwarmApp
 from tests.conftest import SIM, run_cli

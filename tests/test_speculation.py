@@ -17,7 +17,7 @@ from swarmtune.engine.control import Control
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import profile
 from swarmtune.engine.settings import DraftSetting
 from swarmtune.engine.spec.ngram_drafter import NgramDrafter

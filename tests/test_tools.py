@@ -274,7 +274,7 @@ def test_a_token_completing_a_trigger_the_grammar_refuses_never_reaches_llama_cp
 
     from swarmtune.engine.conversation.formats.hermes import Hermes
     from swarmtune.engine.conversation.sampling import SamplingParams
-    from swarmtune.engine.kv_types import KVSetting
+    from swarmtune.engine.kv.types import KVSetting
 
     b = llama_backend
     b.open(KVSetting.parse("f16"), 1, 256)

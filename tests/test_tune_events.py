@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.records import StepRecord, step_from_dict
-from swarmtune.engine.tune_events import (
+from swarmtune.engine.kv.types import KVSetting
+from swarmtune.engine.record.records import StepRecord, step_from_dict
+from swarmtune.engine.tune.events import (
     Confirmed,
     Decision,
     Experimented,

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.tune import Goal, Setting, Tuner
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.tune.experiment import MIN_BLOCK_DECODE_STEPS, MIN_PAIRS, Experiment, t95
+from swarmtune.engine.tune.goal import Goal, Setting
+from swarmtune.engine.tune.tuner import Tuner
 
 KV = KVSetting.parse  # a KV setting as a flag spells it
 

@@ -13,13 +13,15 @@ from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine import Engine, EngineSettings
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.kv_probe import KvProbe
 from swarmtune.engine.model.profiles import misstated, profile
-from swarmtune.engine.tune import Goal, Setting, SpanTally, Tuner, parse_objective
 from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster
+from swarmtune.engine.tune.goal import Goal, Setting, parse_objective
 from swarmtune.engine.tune.propose import Proposer
+from swarmtune.engine.tune.tally import SpanTally
+from swarmtune.engine.tune.tuner import Tuner
 from tests.conftest import SIM, run_cli
 
 KV = KVSetting.parse  # a KV setting as a flag spells it
@@ -131,7 +133,7 @@ def test_a_bad_objective_is_one_line(bad):
 
 
 def test_floor_objective_scores_below_the_floor_as_infeasible():
-    from swarmtune.engine.tune import Tally
+    from swarmtune.engine.tune.tally import Tally
 
     t = Tally(tokens=100, seconds=10.0, per_agent={0: 90, 1: 10})
     assert t.score(Goal(objective="tokens_per_s"), 2) == pytest.approx(10.0)

@@ -17,9 +17,10 @@ from syrupy.extensions.json import JSONSnapshotExtension
 
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine import Engine, EngineSettings
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.profiles import misstated, profile
-from swarmtune.engine.tune import Goal, Tuner
+from swarmtune.engine.tune.goal import Goal
+from swarmtune.engine.tune.tuner import Tuner
 
 KV = KVSetting.parse  # a KV setting as a flag spells it
 

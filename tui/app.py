@@ -15,8 +15,8 @@ from textual.widgets import Footer, Input, ProgressBar
 
 from swarmtune.engine.control import Control, parse_command
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.kv.types import KVSetting
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.settings import DraftSetting
 from swarmtune.sources.protocol import Sink, Source
 from swarmtune.tui.kv_picker import KVPicker

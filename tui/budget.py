@@ -6,7 +6,7 @@ a forecast from measured growth; the place is exact)."""
 
 from swarmtune.engine.measure.budget_fill import BudgetForecast, ResidentGrowth, resident_tokens
 from swarmtune.engine.model.bytes_model import bytes_model_from_header
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 
 class BudgetWatch(ResidentGrowth):

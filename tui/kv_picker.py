@@ -6,7 +6,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from swarmtune.engine.kv_types import KV_TYPES, MIXED_KV, KVSetting
+from swarmtune.engine.kv.types import KV_TYPES, MIXED_KV, KVSetting
 
 CHOICES = (*(KVSetting(t, t) for t in KV_TYPES.values()), *MIXED_KV)
 

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from swarmtune.engine.records import RequestLatency, StepRecord
+from swarmtune.engine.record.records import RequestLatency, StepRecord
 
 GAPS_KEPT = 1024  # the swarm's last inter-token gaps
 REQUESTS_KEPT = 256  # its last ended requests

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.measure.rolling import RollingRate
 from swarmtune.engine.model.bytes_model import bytes_model_from_header
-from swarmtune.engine.records import AgentView, StepRecord
+from swarmtune.engine.record.records import AgentView, StepRecord
 from swarmtune.tui.budget import BudgetWatch, outlook_text
 from swarmtune.tui.latency import Latencies
 

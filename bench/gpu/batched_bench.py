@@ -42,7 +42,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from llama_tools import build_tool, engine_buffer_flags, tool_settings_line  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
-from swarmtune.engine.kv_types import KVSetting  # noqa: E402
+from swarmtune.engine.kv.types import KVSetting  # noqa: E402
 
 API_OF = {"cpu": None, "vulkan": "Vulkan", "cuda": "CUDA", "rocm": "ROCm"}
 

@@ -180,7 +180,7 @@ MODEL=$WORK/model-$SHAPE.gguf
 "$PY" bench/gpu/synth_model.py write --shape "$SHAPE" --tokenizer "$TOKENIZER" --reuse "$MODEL"
 "$PY" - "$MODEL" "$SHAPE" <<'EOF'
 import importlib.util, sys
-from swarmtune.engine.kv_types import F16
+from swarmtune.engine.kv.types import F16
 from swarmtune.engine.model.model_facts import read_model_facts
 spec = importlib.util.spec_from_file_location("synth_model", "bench/gpu/synth_model.py")
 sm = importlib.util.module_from_spec(spec); spec.loader.exec_module(sm)

@@ -2,7 +2,7 @@
 of it is one of the transitions below, named for what happened (a task begun, a turn ended, a wait for a
 tool or for a client, woken, preempted, evicted), so that what an agent can go through is read here, not
 gathered from the modules that drive it. Who calls them: its source (engine/agents/workload.py, engine/agents/served.py)
-between turns, the engine's step (engine/batch_runner.py, engine/kv_switch.py, engine/residency.py,
+between turns, the engine's step (engine/batch_runner.py, engine/kv/switch.py, engine/kv/residency.py,
 engine/scheduler.py) within them."""
 
 import itertools

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from swarmtune.engine.agents.agent import Agent
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 
 @dataclass(frozen=True)

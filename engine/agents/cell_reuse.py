@@ -11,7 +11,7 @@ from swarmtune.engine.backends.backend import Backend
 from swarmtune.engine.conversation import chunk_reuse
 from swarmtune.engine.conversation.chunk_reuse import KeptChunk
 from swarmtune.engine.conversation.token_hashes import common_prefix
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 # A shared prefix shorter than this is prefilled. A copy between streams moves the whole stream, but cheaply:
 # measured on the default model (bench/prefix_copy.py, 2-core CPU, f16, 2,048 cells), the first token after

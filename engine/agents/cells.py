@@ -1,8 +1,8 @@
 """An agent's cells, changed together with its history. What drives the agents (the synthetic swarm, the
 served conversations) asks here ("begin again from this prompt", "continue from k cells", "copy the cells of
 agent Y", "keep k cells and these chunks") and never edits the backend's cells itself, so that an agent's
-history and the cells that hold it cannot part; the engine's step (batch_runner.py, residency.py,
-kv_switch.py) is the only other code that touches them."""
+history and the cells that hold it cannot part; the engine's step (batch_runner.py, kv/residency.py,
+kv/switch.py) is the only other code that touches them."""
 
 from collections.abc import Sequence
 
@@ -14,6 +14,10 @@ from swarmtune.engine.conversation.chunk_reuse import Chunk
 class Cells:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+
+    def free(self, a: Agent) -> None:
+        """Its cells go with it: it leaves the swarm."""
+        self._backend.cells.drop(a.seq)
 
     def restart(self, a: Agent, prompt: list[int]) -> None:
         """Its cells go: it begins again from prompt (a new task, a displaced conversation)."""

@@ -41,7 +41,7 @@ from swarmtune.engine.conversation import cache_miss, chunk_reuse
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.measure.energy_share import joules_by_agent
-from swarmtune.engine.records import RequestLatency, RequestRecord, StepRecord
+from swarmtune.engine.record.records import RequestLatency, RequestRecord, StepRecord
 
 # a waiting conversation is expected back within this many of its usual gaps (plus a grace for a client's
 # own work); past that the worth of its cells fades, as a finished conversation's should

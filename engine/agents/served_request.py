@@ -11,7 +11,7 @@ from swarmtune.engine.conversation.cache_miss import CacheMiss
 from swarmtune.engine.conversation.formats.reader import ReplyReader
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.conversation.text_stream import TextStream
-from swarmtune.engine.records import RequestRecord, StepRecord
+from swarmtune.engine.record.records import RequestRecord, StepRecord
 
 
 class Busy(Exception):

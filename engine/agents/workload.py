@@ -16,7 +16,7 @@ from swarmtune.engine.agents.agent import TAIL_CHARS, Agent
 from swarmtune.engine.agents.agent_source import TrafficShape
 from swarmtune.engine.agents.cells import Cells
 from swarmtune.engine.backends.backend import Backend
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 SYSTEM_PROMPT = (
     "You are a coding agent working in a Python repository. Read the tool results, reason briefly, "
@@ -52,6 +52,15 @@ class Workload:
         self.tool_latency_sigma = tool_latency_sigma
         self.sources = list(stdlib_sources())
         self._text_cache: dict[Path, str] = {}
+
+    def reshape(self, gen_tokens: int | None, tool_tokens: int | None, tool_latency_s: float | None) -> None:
+        """Its turns change shape from the next turn on (a bench's phases)."""
+        if gen_tokens is not None:
+            self.gen_tokens = gen_tokens
+        if tool_tokens is not None:
+            self.tool_tokens = tool_tokens
+        if tool_latency_s is not None:
+            self.tool_latency_s = tool_latency_s
 
     def rng(self, agent: Agent, salt: int) -> random.Random:
         return random.Random(hash((self.seed, agent.id, agent.tasks, agent.turns, salt)))

@@ -9,7 +9,7 @@ from swarmtune.engine.backends.clock import Clock
 from swarmtune.engine.conversation.chat_message import ChatMessage
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 
@@ -154,7 +154,7 @@ class Cells(Protocol):
 
     def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
         """A saved state (save_seq) with its K and V rows in type kv: (handle, seconds). Raises
-        Unconvertible (engine/backends/kv_convert.py) where its layout is not one it can convert."""
+        Unconvertible (engine/kv/convert.py) where its layout is not one it can convert."""
 
 
 class Backend(Protocol):

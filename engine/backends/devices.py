@@ -13,7 +13,7 @@ from typing import Any
 
 import llama_cpp as ll
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.bytes_model import ByteModel
 
 # enum ggml_backend_dev_type

@@ -39,7 +39,7 @@ from swarmtune.engine.backends.llama_steps import KeptLogits, LlamaSteps, StepWa
 from swarmtune.engine.backends.llama_text import LlamaText
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 __all__ = ["KeptLogits", "LlamaBackend", "Scorer", "caches_from_log"]
@@ -142,7 +142,7 @@ class LlamaBackend:
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
         lines = llama_log_since(log_mark)
-        # whether llama.cpp stores this cache's K and V rotated (engine/backends/kv_convert.py), in its own words
+        # whether llama.cpp stores this cache's K and V rotated (engine/kv/convert.py), in its own words
         rot = tuple(any(f"attn_rot_{x} = 1" in ln for ln in lines) for x in "kv")
         live = LiveContext(ctx, kv, n_seqs, ctx_per_seq, rot, samplers, max(n_batch, 64))
         caps = self._caps(live)

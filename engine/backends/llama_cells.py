@@ -1,5 +1,5 @@
 """A sequence's cells in the live context: dropped, cut and pasted back at new positions, copied, saved to
-host memory and restored, converted to another KV type (engine/backends/kv_convert.py)."""
+host memory and restored, converted to another KV type (engine/kv/convert.py)."""
 
 import ctypes
 import time
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import llama_cpp as ll
 
 from swarmtune.engine.backends.backend import CacheMismatch, NoKVSlot
-from swarmtune.engine.backends.kv_splice import Cells
 from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.conversation.chunk_reuse import Chunk
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.splice import Cells
+from swarmtune.engine.kv.types import KVSetting
 
 
 class LlamaCells:
@@ -36,8 +36,8 @@ class LlamaCells:
         """Keep seq's first `keep` cells; each chunk's cells are saved apart first, to be put back at their
         new place by paste() once the tokens before it are prefilled. [] where they cannot be (the caller
         prefills them)."""
-        from swarmtune.engine.backends.kv_convert import Unconvertible
-        from swarmtune.engine.backends.kv_splice import split
+        from swarmtune.engine.kv.convert import Unconvertible
+        from swarmtune.engine.kv.splice import split
 
         if not chunks or not self.shifts:
             self.truncate(seq, keep)
@@ -74,7 +74,7 @@ class LlamaCells:
         """Put a chunk cut() saved back at position `at`, right after seq's last cell; returns seconds.
         NoKVSlot (seq is then empty) where the cache has no room; CacheMismatch where the chunk is another
         cache type's."""
-        from swarmtune.engine.backends.kv_splice import join, split
+        from swarmtune.engine.kv.splice import join, split
 
         assert isinstance(kept, _Kept)
         if kept.kv != self.live.kv:
@@ -112,7 +112,7 @@ class LlamaCells:
         if handle.kv != self.live.kv:  # the rows are in the old cache's type: llama.cpp would read them wrong
             raise CacheMismatch(f"sequence {seq}: a state saved at KV {handle.kv} restored into a {self.live.kv} cache")
         if handle.rot is not None and handle.rot != self.live.attn_rot:
-            from swarmtune.engine.backends.kv_convert import Unconvertible
+            from swarmtune.engine.kv.convert import Unconvertible
 
             raise Unconvertible(f"converted for rotation {handle.rot}, but this cache rotates {self.live.attn_rot}")
         t0 = time.perf_counter()
@@ -122,7 +122,7 @@ class LlamaCells:
         return time.perf_counter() - t0
 
     def convert_saved(self, handle: object, kv: KVSetting) -> tuple[object, float]:
-        from swarmtune.engine.backends.kv_convert import Unconvertible, convert, rotation
+        from swarmtune.engine.kv.convert import Unconvertible, convert, rotation
 
         assert isinstance(handle, _SavedSeq)
         t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import llama_cpp as ll
 from swarmtune.engine.backends.backend import NoKVSlot
 from swarmtune.engine.backends.llama_sampling import Samplers
 from swarmtune.engine.errors import Interrupted
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 
 
@@ -37,7 +37,7 @@ class LiveContext:
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.kv, self.n_seqs, self.ctx_per_seq = kv, n_seqs, ctx_per_seq
-        # whether llama.cpp stores its K and V rotated (engine/backends/kv_convert.py), as its log said
+        # whether llama.cpp stores its K and V rotated (engine/kv/convert.py), as its log said
         self.attn_rot = attn_rot
         self.samplers = samplers
         samplers.bind(ctx)

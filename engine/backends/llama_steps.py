@@ -13,7 +13,7 @@ from swarmtune.engine.backends.backend import Landing, VerifyLanding
 from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.backends.moe_routing import RoutingCounter
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 
 
 @dataclass(frozen=True)

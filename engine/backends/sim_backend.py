@@ -23,7 +23,7 @@ from swarmtune.engine.backends.clock import Clock, SimClock, WallClock
 from swarmtune.engine.backends.sim_text import SimText
 from swarmtune.engine.conversation.chunk_reuse import Chunk
 from swarmtune.engine.conversation.sampling import SamplingParams
-from swarmtune.engine.kv_types import F16, KVSetting
+from swarmtune.engine.kv.types import F16, KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 from swarmtune.engine.model.profiles import Profile
 

@@ -6,7 +6,7 @@ import copy
 import math
 from collections.abc import Callable
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.chunk_fit import ChunkFit, ChunkTimes
 from swarmtune.engine.measure.power.ledger import EnergyLedger
 from swarmtune.engine.measure.power.meter import StepPower
@@ -14,7 +14,7 @@ from swarmtune.engine.measure.speedup import BatchOneReference
 from swarmtune.engine.measure.step_model import Calibration, Fit
 from swarmtune.engine.model.bytes_model import StepRead
 from swarmtune.engine.model.model_facts import ModelFacts
-from swarmtune.engine.records import StepRecord, mean_context
+from swarmtune.engine.record.records import StepRecord, mean_context
 
 REFIT_EVERY_STEPS = 8  # a refit is ~0.5 ms over 512 steps: under 0.2% of a step here
 # A batch-1 decode step now and then is the reference a measured speedup divides by: often until a few

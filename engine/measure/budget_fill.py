@@ -6,7 +6,7 @@ budget marker (tui/budget.py) and the tuner's budget outlook (engine/tune/budget
 from collections import deque
 from dataclasses import dataclass
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 GROWTH_WINDOW_S = 60.0  # the growth is read over this much of the run (its clock)
 

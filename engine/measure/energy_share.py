@@ -4,7 +4,7 @@ bytes in proportion to its context). A prefill step carries one agent's chunk, s
 shares add up to the step's joules (measured where a sensor exists, modeled otherwise, as the step says); a
 step without an energy figure (no power source, a KV rebuild) and an idle step give no one anything."""
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 
 def joules_by_agent(rec: StepRecord) -> dict[int, float]:

@@ -8,7 +8,7 @@ chunk timed: prefill slows as the history grows) and decode a few steps of `batc
 history's length and at a short one, and of one sequence at the short one.
 
 Once an agent holds a history in the live cache, the history need not be prefilled: it is saved, converted
-to each type (engine/backends/kv_convert.py) and restored into the side cache, and the same decode points
+to each type (engine/kv/convert.py) and restored into the side cache, and the same decode points
 are timed on it (probe_kv_converted). On a 2-core CPU that took 0.16x the prefilling probe's seconds
 (bench/probe_cost.py, docs/tuner.md): cheap enough for a short run, where the other is not.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmtune.engine.backends.backend import Backend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.probe import filler_tokens, time_decode
 from swarmtune.engine.measure.step_model import Fit
 

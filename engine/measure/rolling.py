@@ -4,7 +4,7 @@ rate the dashboard and `/metrics` show, computed in one place."""
 from collections import deque
 from dataclasses import dataclass, field
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 WINDOW_S = 5.0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmtune.engine.backends.backend import Backend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.power.meter import Meter
 from swarmtune.engine.measure.probe import fill, time_decode
 from swarmtune.engine.measure.speedup import predicted_speedup

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from swarmtune.engine.kv_types import KV_TYPES, UNKNOWN_KV, KVSetting, read_kv
+from swarmtune.engine.kv.types import KV_TYPES, UNKNOWN_KV, KVSetting, read_kv
 
 ROUTING_MODELED = "modeled: uniform routing, E(1 - (1 - k/E)^B) distinct experts per layer"
 SWA_CELL_PAD = 256  # llama.cpp pads each SWA stream to a multiple of 256 cells (llama-kv-cache-iswa.cpp)

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.bytes_model import ByteModel
 
 # llama.cpp cache type -> vLLM's --kv-cache-dtype: vLLM quantizes KV to 8-bit float only

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES, KVSetting
+from swarmtune.engine.kv.types import KV_TYPES, KVSetting
 from swarmtune.engine.model.bytes_model import ByteModel
 from swarmtune.engine.model.gguf_bytes import PURE_RECURRENT, bytes_model_from_gguf
 from swarmtune.engine.model.gguf_header import GGUFHeader, HeaderError

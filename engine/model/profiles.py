@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16
+from swarmtune.engine.kv.types import F16
 from swarmtune.engine.model.bytes_model import ByteModel
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16, KVSetting
+from swarmtune.engine.kv.types import F16, KVSetting
 
 REFERENCE = F16  # K and V at f16: the cache every setting is compared with
 LOG_P_FLOOR = -16.0  # as llama-perplexity: reference log-probabilities below this add nothing to the KL

@@ -38,10 +38,10 @@ import numpy as np
 
 from swarmtune.engine.agents.agent import Agent
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.quality.kv_quality import MIN_POSITIONS, REFERENCE, BandFigures, kl_and_top1
-from swarmtune.engine.records import StepRecord
-from swarmtune.engine.tune_events import QualityChecked, TuneEvent
+from swarmtune.engine.record.records import StepRecord
+from swarmtune.engine.tune.events import QualityChecked, TuneEvent
 
 if TYPE_CHECKING:
     from swarmtune.engine.backends.llama_backend import KeptLogits, LlamaBackend

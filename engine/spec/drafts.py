@@ -126,7 +126,7 @@ class Drafts:
 def _draft_room(device: object, path: str, cells: int) -> str | None:
     """None where a draft cache of `cells` cells (f16, one stream) fits the device now; else why not."""
     from swarmtune.engine.backends.devices import Device, cache_tensor_bytes, free_bytes, why_cache_does_not_fit
-    from swarmtune.engine.kv_types import F16
+    from swarmtune.engine.kv.types import F16
     from swarmtune.engine.model.model_facts import read_model_facts
 
     assert isinstance(device, Device)

@@ -10,10 +10,7 @@ after each pair), `report.py` (what its end says), `trials.py` (its moves, and t
 end), `quality_guard.py` (the quality budget's move back to f16), `budget_outlook.py` (when the KV budget
 binds, and the ways out a look weighed) and `tuner.py` (the wiring: what the engine calls after every record).
 It sees the engine through `EngineView` (engine/engine_view.py): read-only, and it changes the engine only
-through `request`, as a person would; it learns from the records it is shown (a refused KV type among them)."""
+through `request`, as a person would; it learns from the records it is shown (a refused KV type among them).
+Its modules are imported by name (`swarmtune.engine.tune.tuner`): the package imports none of them, as the
+records below it hold its events (`events.py`)."""
 
-from swarmtune.engine.tune.goal import OBJECTIVES, Goal, Setting, parse_objective
-from swarmtune.engine.tune.tally import SpanTally, Tally
-from swarmtune.engine.tune.tuner import Tuner
-
-__all__ = ["OBJECTIVES", "Goal", "Setting", "SpanTally", "Tally", "Tuner", "parse_objective"]

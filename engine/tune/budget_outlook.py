@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from swarmtune.engine.agents.agent import Residency
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.budget_fill import BudgetForecast, ResidentGrowth
+from swarmtune.engine.tune.events import Foreseen
 from swarmtune.engine.tune.forecast import Runs, gain
 from swarmtune.engine.tune.goal import Goal, Setting
-from swarmtune.engine.tune_events import Foreseen
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.settings import DraftSetting
 from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.events import Speculated, TuneEvent
 from swarmtune.engine.tune.experiment import t95
-from swarmtune.engine.tune_events import Speculated, TuneEvent
 
 BLOCK_STEPS = 16
 MIN_PAIRS, MAX_PAIRS = 3, 8

@@ -38,8 +38,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.kv.types import KVSetting
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.simulator import attention_factor
 from swarmtune.engine.tune.tally import Tally

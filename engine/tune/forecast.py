@@ -17,7 +17,7 @@ from swarmtune.engine.backends.sim_backend import SimBackend, StepScale
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import Stalled, UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.power.meter import Meter, ModeledMeter, NoMeter
 from swarmtune.engine.settings import cap_in_force
 from swarmtune.engine.tune.cost import Spending

@@ -4,8 +4,8 @@ import math
 from dataclasses import dataclass
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting
-from swarmtune.engine.tune_events import Setting
+from swarmtune.engine.kv.types import KVSetting
+from swarmtune.engine.tune.events import Setting
 
 __all__ = ["OBJECTIVES", "Goal", "Setting", "parse_objective"]
 

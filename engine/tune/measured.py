@@ -6,11 +6,11 @@ import time
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.backends.backend import NoKVSlot
-from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.backends.sim_backend import SimBackend
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import F16, KVSetting
+from swarmtune.engine.kv.convert import Unconvertible
+from swarmtune.engine.kv.types import F16, KVSetting
 from swarmtune.engine.measure.kv_probe import (
     PROBE_STEPS,
     SHORT_CONTEXT,
@@ -21,10 +21,10 @@ from swarmtune.engine.measure.kv_probe import (
 )
 from swarmtune.engine.measure.prefill_model import PrefillCalibration
 from swarmtune.engine.model.profiles import Profile
-from swarmtune.engine.records import StepRecord, mean_context
+from swarmtune.engine.record.records import StepRecord, mean_context
 from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.events import Probed, TuneEvent
 from swarmtune.engine.tune.simulator import CalibratedSim
-from swarmtune.engine.tune_events import Probed, TuneEvent
 
 # a KV type's own fit stands for it once it has this many steps; before, its probe (timed in a side cache)
 # does: a fit of a few steps at one batch size says little about the others

@@ -4,7 +4,7 @@ forecast gain must clear, and what an outcome is judged against)."""
 
 import math
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.tally import SpanTally
 

@@ -7,19 +7,19 @@ import math
 from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.budget_fill import ResidentGrowth
 from swarmtune.engine.quality.quality_check import QualityLedger
-from swarmtune.engine.records import StepRecord, mean_context
+from swarmtune.engine.record.records import StepRecord, mean_context
 from swarmtune.engine.settings import RESIDENCY, cap_in_force, min_context
 from swarmtune.engine.tune.budget_outlook import BudgetOutlook, outlook, quality_ruled_out
+from swarmtune.engine.tune.events import Trial
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.forecast import Forecaster, Runs, gain
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.outcome import ForecastChecks
 from swarmtune.engine.tune.simulator import SimStepCost
 from swarmtune.engine.tune.verdict import Judge
-from swarmtune.engine.tune_events import Trial
 
 # contexts "moved 50%" from a setting tried with (nearly) empty caches means moved 50% of this many tokens
 REVISIT_MIN_CONTEXT = 256.0

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.quality.kv_quality import REFERENCE
-from swarmtune.engine.records import mean_context
+from swarmtune.engine.record.records import mean_context
+from swarmtune.engine.tune.events import Decision, TuneEvent
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.propose import Proposer, quality_ledger
 from swarmtune.engine.tune.trials import Trials, setting_of
-from swarmtune.engine.tune_events import Decision, TuneEvent
 
 
 def quality_guard(goal: Goal, engine: EngineView, trials: Trials, proposer: Proposer) -> list[TuneEvent]:

@@ -3,7 +3,7 @@ before its first block (engine/tune/experiment.py's Noise)."""
 
 from collections import deque
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.tune.goal import Setting
 
 # the incumbent's steps before an experiment that measure the run's noise (engine seconds): enough blocks

@@ -4,11 +4,11 @@ where it was kept (Decision), and what the tuner has spent so far (Spent), each 
 import math
 
 from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.events import Decision, Experimented, Spent, TuneEvent
 from swarmtune.engine.tune.experiment import CONFIDENCE, MIN_PAIRS, Experiment
 from swarmtune.engine.tune.goal import Goal, Setting
 from swarmtune.engine.tune.propose import what
 from swarmtune.engine.tune.verdict import restated
-from swarmtune.engine.tune_events import Decision, Experimented, Spent, TuneEvent
 
 
 def ended(x: Experiment, result: str, live: Setting, verdict: str | None, lost: float, goal: Goal, source: str,

@@ -2,7 +2,7 @@
 cost a decision's closed loop checks measured steps against."""
 
 from swarmtune.engine.backends.sim_backend import SimBackend
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.prefill_model import PrefillFit
 from swarmtune.engine.measure.step_model import Fit
 from swarmtune.engine.model.profiles import Profile

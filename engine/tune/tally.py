@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, replace
 
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.tune.goal import Goal
 
 

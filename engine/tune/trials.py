@@ -6,8 +6,9 @@ from collections.abc import Callable
 from swarmtune.engine.control import Control
 from swarmtune.engine.engine_view import EngineView
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import StepRecord, mean_context
+from swarmtune.engine.record.records import StepRecord, mean_context
 from swarmtune.engine.tune.cost import Spending
+from swarmtune.engine.tune.events import Experimented, TuneEvent
 from swarmtune.engine.tune.experiment import Experiment
 from swarmtune.engine.tune.forecast import Forecaster
 from swarmtune.engine.tune.goal import Goal, Setting
@@ -16,7 +17,6 @@ from swarmtune.engine.tune.outcome import ForecastChecks
 from swarmtune.engine.tune.propose import BLOCK_PER_SWITCH, Proposer
 from swarmtune.engine.tune.report import ended
 from swarmtune.engine.tune.verdict import Judge, forecast_verdict, learned_scale
-from swarmtune.engine.tune_events import Experimented, TuneEvent
 
 
 def setting_of(engine: EngineView) -> Setting:

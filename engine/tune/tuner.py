@@ -23,11 +23,12 @@ import time
 from dataclasses import replace
 
 from swarmtune.engine.engine_view import EngineView
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.budget_fill import ResidentGrowth
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.tune.cost import Spending
 from swarmtune.engine.tune.draft_trial import DraftTrial
+from swarmtune.engine.tune.events import Experimented, Probed, Trial, TuneEvent
 from swarmtune.engine.tune.experiment import MIN_PAIRS
 from swarmtune.engine.tune.forecast import Forecaster, Runs
 from swarmtune.engine.tune.goal import Goal, Setting
@@ -39,7 +40,6 @@ from swarmtune.engine.tune.recent import RecentSteps
 from swarmtune.engine.tune.tally import SpanTally
 from swarmtune.engine.tune.trials import Trials, setting_of
 from swarmtune.engine.tune.verdict import Judge
-from swarmtune.engine.tune_events import Experimented, Probed, Trial, TuneEvent
 
 # a look that found nothing within reach (every neighbour forecast worse past its error) makes the next wait this
 # many epochs: thinking scaled down where it could gain nothing. Not more: what a look would see changing without

@@ -47,7 +47,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from swarmtune.engine.records import read_recording
+    from swarmtune.engine.record.records import read_recording
 
     if args.speed <= 0:
         raise UserError(f"--speed must be positive (got {args.speed})")

@@ -33,7 +33,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
         if limit and max(contexts) > limit:
             raise UserError(f"context {max(contexts)} exceeds the model's trained context ({limit})")
         if text is not None:
-            docs, on = [backend.tokenize(text)], f"the text {args.text}"
+            docs, on = [backend.text.tokenize(text)], f"the text {args.text}"
         elif convs is not None:
             docs = quality_texts.conversation_documents(backend, convs)
             on = f"the transcript {args.transcript} ({len(docs)} conversations)"
@@ -49,7 +49,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
                 done["n"] += 1
                 status.update(f"measuring: window {done['n']} (context {n_ctx})")
 
-            figs = kv_quality.measure(backend, docs, settings, contexts, bos=backend.bos_token(),
+            figs = kv_quality.measure(backend, docs, settings, contexts, bos=backend.text.bos_token(),
                                       max_windows=args.windows, progress=progress)
         wall_s = time.perf_counter() - t0
     finally:

@@ -36,7 +36,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from swarmtune.engine.records import RecordWriter, remove_quietly
+    from swarmtune.engine.record.records import RecordWriter, remove_quietly
     from swarmtune.sources.live import LiveSource
     from swarmtune.sources.protocol import Sink
 

@@ -15,7 +15,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """Headless: the engine with its tuner on for --duration, then the setting it holds, as engine flags."""
     from swarmtune.engine.model.engine_flags import engine_flags
     from swarmtune.engine.spec.draft_model_limits import P_MIN
-    from swarmtune.engine.tune import Tally
+    from swarmtune.engine.tune.tally import Tally
 
     args.autotune = args.autotune or "tokens_per_s"
     if args.duration is not None and args.duration <= 0:

@@ -257,16 +257,16 @@ class Bridge:
         return await asyncio.to_thread(self._tokenized, text, messages)
 
     def _tokenized(self, text: str, messages: list[ChatMessage]) -> "RenderedPrompt":
-        out = RenderedPrompt(self.backend.tokenize(text))
+        out = RenderedPrompt(self.backend.text.tokenize(text))
         out.text_end = text[-TAIL_CHARS:]
         content = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
         if isinstance(content, str) and content and (at := text.find(content)) >= 0:
             # where the system prompt ends, in tokens: a miss before it is said to be the system prompt's
-            out.system_tokens = len(self.backend.tokenize(text[: at + len(content)]))
+            out.system_tokens = len(self.backend.text.tokenize(text[: at + len(content)]))
         return out
 
     async def tokenize(self, text: str) -> list[int]:
-        return await asyncio.to_thread(self.backend.tokenize, text)
+        return await asyncio.to_thread(self.backend.text.tokenize, text)
 
     def request(self, prompt: list[int], limit: int | None, sampling: Sampling, stop: tuple[str, ...],
                 key: str | None, endpoint: str, grammar: str | None = None, triggers: tuple[str, ...] = (),
@@ -282,7 +282,7 @@ class Bridge:
         if limit is not None and limit > room:
             raise BadRequest(overflow_message(endpoint, len(prompt), ctx, limit, limit_param), limit_param,
                              code="context_length_exceeded")
-        if grammar is not None and (why := self.backend.check_grammar(grammar)) is not None:
+        if grammar is not None and (why := self.backend.text.check_grammar(grammar)) is not None:
             raise BadRequest(f"the output cannot be constrained: {why}", "tools")
         return ServedRequest(prompt=prompt, max_tokens=limit if limit is not None else room,
                              params=sampling.params(grammar, triggers), stop=stop, key=key, endpoint=endpoint,

@@ -8,7 +8,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.agents.served_request import ServedRequest
-from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.record.records import RequestRecord
 from swarmtune.server.runner import EngineRunner
 from swarmtune.server.spec_metrics import spec_counters
 from swarmtune.server.vllm_metrics import mirror_vllm

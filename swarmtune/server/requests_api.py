@@ -12,7 +12,7 @@ from fastapi import FastAPI, HTTPException
 
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.agents.served_request import ServedRequest
-from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.record.records import RequestRecord
 
 KEPT_RECORDS = 4096
 ID_PREFIXES = ("chatcmpl-", "cmpl-", "msg_", "resp_")  # OpenAI chat, completions, Anthropic, Responses

@@ -18,7 +18,7 @@ from typing import Any
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.measure.rolling import RollingRate
-from swarmtune.engine.records import RecordWriter, StepRecord
+from swarmtune.engine.record.records import RecordWriter, StepRecord
 from swarmtune.server.outbox import Outbox
 from swarmtune.sources.live import LiveSource
 from swarmtune.sources.protocol import Sink

@@ -28,7 +28,7 @@ from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KV_TYPES
+from swarmtune.engine.kv.types import KV_TYPES
 from swarmtune.engine.settings import MAX_AGENTS, RESIDENCY
 from swarmtune.server.anthropic_api import add_anthropic_routes
 from swarmtune.server.bridge import Bridge, ChatConfig

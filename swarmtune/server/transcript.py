@@ -10,7 +10,7 @@ from pathlib import Path
 from swarmtune.engine.agents.served import ServedAgents
 from swarmtune.engine.agents.served_request import ServedRequest
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import RequestRecord
+from swarmtune.engine.record.records import RequestRecord
 
 
 class TranscriptWriter:

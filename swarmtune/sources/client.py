@@ -8,7 +8,7 @@ import httpx
 from httpx_sse import connect_sse
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.records import StepRecord, step_from_dict
+from swarmtune.engine.record.records import StepRecord, step_from_dict
 
 
 class SwarmClient:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from swarmtune.engine.errors import Interrupted
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Sink
 

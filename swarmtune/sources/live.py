@@ -8,7 +8,7 @@ from typing import Any
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.engine import Engine
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import read_kv
+from swarmtune.engine.kv.types import read_kv
 from swarmtune.engine.settings import cap_in_force, check_agents, check_batch_cap, check_residency
 from swarmtune.sources.driver import drive
 from swarmtune.sources.pacing import Pacer
@@ -36,7 +36,8 @@ class LiveSource:
     @classmethod
     def later(cls, build: Callable[[], Engine], preview: dict[str, Any], pace_sim: bool = True) -> "LiveSource":
         """An engine built on the source's own thread when it runs (loading a model takes a while): its consumer
-        draws at once, from `preview` (engine/run_header.py's preview_header), and fills in as the engine comes."""
+        draws at once, from `preview` (engine/record/run_header.py's preview_header), and fills in as the
+        engine comes."""
         return cls(None, pace_sim, build=build, preview=preview)
 
     @property

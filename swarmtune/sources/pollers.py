@@ -22,11 +22,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import UNKNOWN_KV
+from swarmtune.engine.kv.types import UNKNOWN_KV
 from swarmtune.engine.measure.speedup import predicted_speedup
 from swarmtune.engine.measure.step_model import Calibration
 from swarmtune.engine.model.bytes_model import ByteModel
-from swarmtune.engine.records import AgentView, StepRecord, mean_context
+from swarmtune.engine.record.records import AgentView, StepRecord, mean_context
 
 
 @dataclass(frozen=True)

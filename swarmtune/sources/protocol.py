@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swarmtune.engine.control import Control, EngineState
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.record.records import StepRecord
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import httpx
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting, known_kv
-from swarmtune.engine.records import StepRecord
+from swarmtune.engine.kv.types import KVSetting, known_kv
+from swarmtune.engine.record.records import StepRecord
 from swarmtune.engine.settings import DraftSetting
 from swarmtune.sources.backoff import Backoff
 from swarmtune.sources.client import SwarmClient

@@ -6,8 +6,8 @@ from typing import Any
 
 from swarmtune.engine.control import Control, EngineState
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import known_kv
-from swarmtune.engine.records import Recording, StepRecord
+from swarmtune.engine.kv.types import known_kv
+from swarmtune.engine.record.records import Recording, StepRecord
 from swarmtune.sources.driver import SEEKED, Seeked, drive
 from swarmtune.sources.pacing import Pacer
 from swarmtune.sources.protocol import Capabilities, Sink

@@ -11,7 +11,7 @@ updates cost more still), time taken from the engine's threads on a small CPU. D
 from rich.text import Text
 from textual.geometry import Size
 
-from swarmtune.engine.records import AgentView
+from swarmtune.engine.record.records import AgentView
 from swarmtune.tui.stats import Stats
 from swarmtune.tui.widgets.lines import TextLines
 

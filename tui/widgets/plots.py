@@ -4,7 +4,7 @@ import math
 
 from rich.text import Text
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.step_model import Fit
 from swarmtune.engine.model.bytes_model import ByteModel, bytes_model_from_header
 from swarmtune.tui.stats import Stats

@@ -2,7 +2,7 @@
 stream. Each agent's window cells (windowed layers keep window + one ubatch) and recurrent state are fixed
 costs; the full-attention layers' tokens share what is left (engine/model/bytes_model.py)."""
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.model.model_facts import ModelFacts
 from swarmtune.engine.settings import EngineSettings
 

@@ -6,14 +6,14 @@ prefilled into a hole below cells the sequence still holds. The sequence is cut 
 the new tokens are prefilled there; then its state is saved, the kept chunk's cells (saved before the cut,
 at positions above anything the sequence holds) are appended to it and the whole is set back, and
 `llama_memory_seq_add` shifts the chunk down into place (llama.cpp re-rotates its K on the next decode).
-The layout is the one engine/backends/kv_convert.py reads; anything else is Unconvertible and the caller prefills."""
+The layout is the one engine/kv/convert.py reads; anything else is Unconvertible and the caller prefills."""
 
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from swarmtune.engine.backends.kv_convert import STATE_MAGIC, Unconvertible, parse
+from swarmtune.engine.kv.convert import STATE_MAGIC, Unconvertible, parse
 
 META_BYTES = 12  # per cell: i32 pos, u32 n_seq_id (= 1), i32 seq_id
 

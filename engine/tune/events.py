@@ -6,7 +6,7 @@ replays. Here, below the records, because a record holds one; the tuner (engine/
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from swarmtune.engine.agents.agent import Agent, AgentState, Residency
 from swarmtune.engine.backends.backend import Backend, NoKVSlot
-from swarmtune.engine.backends.kv_convert import Unconvertible
 from swarmtune.engine.batch_runner import BatchRunner, Ran
 from swarmtune.engine.errors import Interrupted, UserError
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.convert import Unconvertible
+from swarmtune.engine.kv.residency import MoveLog
+from swarmtune.engine.kv.types import KVSetting
 from swarmtune.engine.measure.analysis import StepAnalysis
-from swarmtune.engine.residency import MoveLog
 from swarmtune.engine.settings import EngineSettings
 
 

@@ -3,7 +3,7 @@ memory, or dropped) and how it comes back, with every move between them logged f
 
 from swarmtune.engine.agents.agent import Agent, Residency
 from swarmtune.engine.backends.backend import Backend, NoKVSlot
-from swarmtune.engine.records import Move
+from swarmtune.engine.record.records import Move
 from swarmtune.engine.settings import EngineSettings
 
 

@@ -15,8 +15,8 @@ from typing import IO, Any
 import orjson
 
 from swarmtune.engine.errors import UserError
-from swarmtune.engine.kv_types import KVSetting, known_kv, read_kv
-from swarmtune.engine.tune_events import TuneEvent, event_from_json
+from swarmtune.engine.kv.types import KVSetting, known_kv, read_kv
+from swarmtune.engine.tune.events import TuneEvent, event_from_json
 
 
 def mean_context(contexts: Iterable[float]) -> float:
@@ -162,7 +162,7 @@ class StepRecord:
     distinct_experts_source: str | None = None
     # histories moved since the last step: {"agent", "op" (swap_out | swap_in | swap_in_refused | drop |
     # swap_discarded: a KV switch made the saved state unreadable; convert_save, convert: a KV switch saved a
-    # history and converted its rows to the new type, engine/backends/kv_convert.py),
+    # history and converted its rows to the new type, engine/kv/convert.py),
     # "bytes", "seconds", "source" (measured, or modeled on the sim: bytes over the profile's host link)}
     moved: list[Move] = field(default_factory=list)
     residency_seconds: float = 0.0  # the moves' seconds, outside `seconds`
@@ -176,7 +176,7 @@ class StepRecord:
     drafts: int = 0
     drafted: int = 0
     accepted: int = 0
-    # a decode step that carried a prefill chunk in the same call (engine/mix_policy.py): its tokens (not in
+    # a decode step that carried a prefill chunk in the same call (engine/spec/mix_policy.py): its tokens (not in
     # `tokens`, which counts the tokens generated; its agent's prefill steps carry the rest)
     prefill_tokens: int = 0
     # the speculation setting in force (--draft): the most tokens an agent drafts, or "auto"; "0": off

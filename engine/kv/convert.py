@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmtune.engine.kv_types import KVSetting
+from swarmtune.engine.kv.types import KVSetting
 
 STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic, first in every sequence state
 

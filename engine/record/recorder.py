@@ -5,11 +5,12 @@ import time
 
 from swarmtune.engine.agents.agent import Agent, AgentState
 from swarmtune.engine.backends.backend import Backend
+from swarmtune.engine.batch_runner import Ran
 from swarmtune.engine.measure.analysis import StepAnalysis
 from swarmtune.engine.measure.power.meter import Meter
-from swarmtune.engine.records import AgentView, Move, StepRecord, mean_context
+from swarmtune.engine.record.records import AgentView, Move, StepRecord, mean_context
 from swarmtune.engine.settings import EngineSettings
-from swarmtune.engine.tune_events import TuneEvent
+from swarmtune.engine.tune.events import TuneEvent
 
 
 class Recorder:
@@ -22,13 +23,13 @@ class Recorder:
         # written (records.view_json), only for what changed
         self._views: dict[int, AgentView] = {}
 
-    def record(self, step: int, t: float, kind: str, batch: list[Agent], seconds: float, tokens: int,
-               preempted: list[int], note: str, moved: list[Move], agents: list[Agent], meter: Meter,
-               step_t0: float, drafted: int = 0, prefill_tokens: int = 0, drafting_s: float = 0.0) -> StepRecord:
-        """The record of a step that ended at t (the engine's clock) after these seconds, with the moves made
-        since the last record; its energy from the meter over the wall time since step_t0. A decode's drafted
-        tokens, its prefill chunk and its draft model's seconds are set before the analysis reads it: it
-        learns its fits from plain steps, and from their seconds less the draft model's."""
+    def record(self, step: int, t: float, ran: Ran, moved: list[Move], lost_tokens: int, agents: list[Agent],
+               meter: Meter, step_t0: float) -> StepRecord:
+        """The record of what a step ran, ended at t (the engine's clock), with the moves made since the last
+        record; its energy from the meter over the wall time since step_t0. A decode's drafted tokens, its
+        prefill chunk and its draft model's seconds are set before the analysis reads it: it learns its fits
+        from plain steps, and from their seconds less the draft model's."""
+        kind, batch, seconds, tokens = ran.kind, ran.batch, ran.seconds, ran.tokens
         bm = self.backend.facts.bytes_model
         kv = self.s.kv
         b = len(batch)
@@ -50,11 +51,11 @@ class Recorder:
             step=step, t=round(t, 6), kind=kind, batch=b, batch_ids=[a.id for a in batch],
             batch_cap=self.s.batch_cap, kv_type=self.s.kv.label, agents=[] if lean else self.views(kind, batch, agents),
             weight_bytes=int(weight_bytes), kv_bytes=float(kv_bytes), seconds=seconds, tokens=tokens,
-            source=self.backend.source, mean_context=mean_context(contexts), preempted=preempted, note=note,
+            source=self.backend.source, mean_context=mean_context(contexts), preempted=ran.preempted, note=ran.note,
             tokens_per_second=tokens / seconds if seconds > 0 and kind != "idle" else None,
             draft_setting="auto" if self.s.draft_auto else str(self.s.draft_tokens),
-            moved=moved, residency_seconds=sum(m.seconds for m in moved), drafted=drafted,
-            prefill_tokens=prefill_tokens, drafting_s=drafting_s,
+            moved=moved, residency_seconds=sum(m.seconds for m in moved), drafted=ran.drafted,
+            prefill_tokens=ran.prefill_tokens, drafting_s=ran.drafting_s,
         )
         if batch and bm.state_bytes:
             rec.state_bytes = b * bm.state_bytes
@@ -68,6 +69,10 @@ class Recorder:
                 rec.joules_per_token = power.joules / tokens
                 rec.tokens_per_joule = tokens / power.joules if power.joules > 0 else None
         self.analysis.annotate(rec, contexts, read, power)
+        rec.reference, rec.converted_tokens, rec.drafts, rec.accepted = (
+            ran.reference, ran.converted_tokens, ran.drafts, ran.accepted)
+        rec.refused_kv = None if ran.refused_kv is None else ran.refused_kv.label
+        rec.lost_tokens = lost_tokens
         return rec
 
     def tune_record(self, step: int, t: float, agents: list[Agent], tune: TuneEvent) -> StepRecord:
