@@ -3,7 +3,7 @@
 The engine runs the swarm (scheduler, workload, records); every backend call it makes is logged.
 The minimal loop then replays exactly those calls on a fresh context with raw llama-cpp-python:
 same batches, positions and tokens, the same sampler chains sampled where the engine samples them (in
-llama.cpp's graph unless SWARMTUNE_DEVICE_SAMPLING=0), no scheduler and no records.
+llama.cpp's graph unless --host-sampling), no scheduler and no records.
 Rounds alternate which side runs first: engine then loop (the loop replays the calls the engine just
 made), then loop then engine (the loop replays the last round's calls, the engine makes its own: the tool
 waits are wall-clock, so its calls differ a little from round to round, and both counts are printed). Each

@@ -1,5 +1,5 @@
 """Where each agent's token is drawn, timed: inside llama.cpp's graph (backend sampling, the default) or on
-the host from its logits (SWARMTUNE_DEVICE_SAMPLING=0), the same engine run on both sides.
+the host from its logits (--host-sampling), the same engine run on both sides.
 
 The engine runs the synthetic swarm for --steps steps with each setting, the sides alternated round by
 round (device first in odd rounds), one backend and one model load for both. On a GPU the device side

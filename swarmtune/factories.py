@@ -63,8 +63,9 @@ def make_backend(args: argparse.Namespace):
     except ImportError as e:
         raise UserError(f"llama-cpp-python is not usable here ({e}); build it, or use --sim PROFILE") from None
     layers = getattr(args, "gpu_layers", None)
-    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=True if args.extra_bufts else None,
-                        measure_routing=True if getattr(args, "moe_routing", False) else None,
+    return LlamaBackend(facts, n_threads=args.threads, use_extra_bufts=args.extra_bufts,
+                        measure_routing=getattr(args, "moe_routing", False),
+                        device_sampling=not getattr(args, "host_sampling", False),
                         n_gpu_layers=-1 if layers is None else layers, cpu_only=layers == 0)
 
 

@@ -174,6 +174,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "every op on the CPU). A CPU build offloads none")
     g.add_argument("--extra-bufts", action="store_true",
                    help="llama.cpp's extra buffer types (weight repacking); off by default: they crash AMX CPUs")
+    g.add_argument("--host-sampling", action="store_true",
+                   help="draw every agent's token on the host from its logits, not in llama.cpp's graph")
     g.add_argument("--moe-routing", action="store_true",
                    help="MoE models: count the distinct experts each decode step routes to (measured, through an "
                         "eval callback; it cost 3-27%% of step time on a 2-core CPU, so off by default: uniform "

@@ -219,10 +219,9 @@ def test_tiny_model_loads_decodes_batched_and_matches_llama_cpp(tiny_models, fam
         b.close()
 
 
-def test_moe_routing_is_off_unless_asked(tiny_models, monkeypatch):
+def test_moe_routing_is_off_unless_asked(tiny_models):
     from swarmtune.engine.backends.llama_backend import LlamaBackend
 
-    monkeypatch.delenv("SWARMTUNE_MOE_ROUTING", raising=False)
     b = LlamaBackend(read_model_facts(tiny_models["qwen3moe"]), n_threads=1, chunk_tokens=CHUNK)
     try:
         assert b.routing is None and b.info.settings["moe_routing"] == "modeled"

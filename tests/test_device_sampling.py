@@ -76,7 +76,8 @@ def test_a_grammar_and_a_kept_row_fall_back_to_the_host(llama_backend):
         b.steps.prefill(s, prompt, 0)
         firsts.append(b.steps.first_token_after_prefill(s))
     toks, _ = b.steps.launch_decode([0, 1, 2], firsts, [len(prompt)] * 3)()
-    assert len(b.kept) == 1 and b.kept[0].logits.shape == (b.n_vocab,) and np.isfinite(b.kept[0].logits).any()
+    kept = b.watch.kept
+    assert len(kept) == 1 and kept[0].logits.shape == (b.n_vocab,) and np.isfinite(kept[0].logits).any()
     said = b.text.piece(firsts[1]) + ("" if b.text.is_eog(toks[1]) else b.text.piece(toks[1]))
     assert said in ("yes", "no", "ye", "n", "y")  # the grammar held on the host
     b.keep_logits(None)
@@ -149,3 +150,19 @@ def test_a_chain_moves_with_its_sequence_to_a_rebuilt_cache(llama_backend):
         assert b.samplers.on_host([0, 1]) == []
         b.steps.prefill(0, prompt, 0)
         assert b.steps.first_token_after_prefill(0) == first
+
+
+@pytest.mark.model
+def test_host_sampling_is_a_flag_and_its_header_says_so(model_path):
+    """Where each token is drawn is a flag, not an environment variable: --host-sampling draws every row on the
+    host, and the run's settings say which."""
+    from swarmtune.factories import make_backend
+    from swarmtune.parsing import build_parser
+
+    for flags, where in (([], "device"), (["--host-sampling"], "host")):
+        args = ["record", "-o", "unused.jsonl", "--model", str(model_path), "--threads", "1", *flags]
+        b = make_backend(build_parser().parse_args(args))
+        try:
+            assert b.info.settings["sampling"].startswith(where) and b.samplers.device_sampling is (where == "device")
+        finally:
+            b.close()

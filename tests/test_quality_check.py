@@ -61,7 +61,7 @@ def _decoded(backend, kv: KVSetting, history: list[int], start: int) -> list:
     backend.keep_logits(0, CHECK_POSITIONS)
     for p in range(start, len(history)):
         backend.steps.launch_decode([0], [history[p]], [p])()
-    kept = list(backend.kept)
+    kept = list(backend.watch.kept)
     backend.keep_logits(None)
     return kept
 
@@ -105,7 +105,7 @@ def test_an_f16_decode_is_no_reference(llama_backend):
     prefill's by about what q8_0 costs (llama.cpp's CPU flash attention rounds a one-row query to f16)."""
     history = swarm_documents(llama_backend, 1, 265)[0][:264]
     live = np.stack([k.logits for k in _decoded(llama_backend, KV("f16"), history, 200)])
-    with llama_backend.scorer(KV("f16"), 264) as sc:
+    with llama_backend.new_scorer(KV("f16"), 264) as sc:
         prefilled = sc.logits(history, 200, at=list(range(200, 264)))
     kl, _ = kl_and_top1(prefilled, live)
     assert kl.mean() > 1e-5, kl.mean()

@@ -33,7 +33,7 @@ from swarmtune.engine.backends.devices import (
 from swarmtune.engine.backends.llama_cells import LlamaCells
 from swarmtune.engine.backends.llama_live import LiveContext, ModelHandle
 from swarmtune.engine.backends.llama_log import caches_from_log, llama_log_mark, llama_log_since, offloaded_layers
-from swarmtune.engine.backends.llama_sampling import Samplers, default_device_sampling
+from swarmtune.engine.backends.llama_sampling import Samplers
 from swarmtune.engine.backends.llama_scorer import Scorer
 from swarmtune.engine.backends.llama_steps import KeptLogits, LlamaSteps, StepWatch
 from swarmtune.engine.backends.llama_text import LlamaText
@@ -56,31 +56,23 @@ class Attached:
     caps: Caps
 
 
-def default_measure_routing() -> bool:
-    """Count distinct experts per step on MoE models (an eval callback): opt-in (--moe-routing or
-    SWARMTUNE_MOE_ROUTING=1), as it costs more than 2% of step time (bench/moe_routing_cost.py)."""
-    return os.environ.get("SWARMTUNE_MOE_ROUTING", "0") == "1"
-
-
-def default_use_extra_bufts() -> bool:
-    """Extra buffer types (weight repacking) crash the model load on AMX CPUs; keep them off unless asked."""
-    return os.environ.get("SWARMTUNE_EXTRA_BUFTS", "0") == "1"
-
-
 class LlamaBackend:
     source = "measured"
 
     def __init__(self, facts: ModelFacts, n_threads: int | None = None, n_gpu_layers: int = -1,
-                 use_extra_bufts: bool | None = None, flash_attn: bool = True, chunk_tokens: int = 256,
-                 measure_routing: bool | None = None, cpu_only: bool = False,
-                 device_sampling: bool | None = None) -> None:
+                 use_extra_bufts: bool = False, flash_attn: bool = True, chunk_tokens: int = 256,
+                 measure_routing: bool = False, cpu_only: bool = False, device_sampling: bool = True) -> None:
         """n_gpu_layers: layers offloaded to the build's first device (-1: all); cpu_only keeps the model,
-        its cache and every op on the CPU even on a GPU build (the device lane's cross-check)."""
+        its cache and every op on the CPU even on a GPU build (the device lane's cross-check).
+        use_extra_bufts: llama.cpp's weight repacking (off: it crashes the model load on AMX CPUs).
+        measure_routing: count the distinct experts each MoE step routes to (an eval callback: more than 2% of
+        step time, bench/moe_routing_cost.py). device_sampling: each row drawn in llama.cpp's graph where it
+        can be (off: every row on the host, from its logits)."""
         self.facts = facts
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.flash_attn = flash_attn
         self.max_chunk_tokens = chunk_tokens
-        self.use_extra_bufts = default_use_extra_bufts() if use_extra_bufts is None else use_extra_bufts
+        self.use_extra_bufts = use_extra_bufts
         self._stack = ExitStack()
         mp = ll.llama_model_default_params()
         self._devices = device_handles(cpu_only)  # kept referenced: llama.cpp reads the list at load time
@@ -101,14 +93,13 @@ class LlamaBackend:
         self._stack.callback(ll.llama_model_free, model)
         self.text = LlamaText(model, facts.architecture)  # the parts, each with one job
         self.vocab, self.n_vocab, self.chat_template = self.text.vocab, self.text.n_vocab, self.text.chat_template
-        on_device = default_device_sampling() if device_sampling is None else device_sampling
+        on_device = device_sampling
         # where the output layer is on a device that cannot view this vocabulary's rows, sampling stays on the host
         why_host = why_no_device_sampling(self.device, self.n_vocab) if self.device and self.offloaded_layers else None
         on_device = on_device and why_host is None
         self.samplers = Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, on_device)
         self._stack.callback(lambda: self.samplers.free())  # after the last context that ran them
-        want_routing = default_measure_routing() if measure_routing is None else measure_routing
-        self.routing = RoutingCounter() if want_routing and facts.bytes_model.is_moe else None
+        self.routing = RoutingCounter() if measure_routing and facts.bytes_model.is_moe else None
         self.model_handle = ModelHandle(model, facts, self.vocab, self.n_vocab, self.n_threads, flash_attn)
         self.watch = StepWatch(self.routing)
         self.draft_rows = 0  # the drafted tokens a verify step may carry per sequence, in contexts made from now
@@ -130,14 +121,16 @@ class LlamaBackend:
         )
 
     # the cache
-    def _attach(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, samplers: Samplers, watch: StepWatch) -> Attached:
+    def _attach(self, kv: KVSetting, n_seqs: int, ctx_per_seq: int, samplers: Samplers, watch: StepWatch,
+                outputs: bool = False) -> Attached:
         """A new context at KV setting kv (a type, or K/V types as "q8_0/f16"), n_seqs streams of ctx_per_seq
-        cells, and the parts that act on it."""
+        cells, and the parts that act on it: the one way this backend opens a context (the live one, a side
+        cache, a scorer). outputs: every row of a batch may ask for its logits (a scorer draws none)."""
         self._refuse_what_the_device_cannot_hold(kv, n_seqs, ctx_per_seq)
         n_batch = max(self.max_chunk_tokens, n_seqs)
         log_mark = llama_log_mark()
         cp = context_params(kv, n_seqs, ctx_per_seq, n_batch, self.n_threads, self.flash_attn, self.routing,
-                            self.draft_rows)
+                            0 if outputs else self.draft_rows)
         ctx = ll.llama_init_from_model(self.model, cp)
         if not ctx:
             raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
@@ -209,26 +202,14 @@ class LlamaBackend:
             side.context.close(free_samplers=True)
             self.on = live
 
-    @contextmanager
-    def scorer(self, kv: KVSetting, n_ctx: int) -> Iterator["Scorer"]:
-        """A second context of this model at a KV setting (K/V types apart: "q8_0/f16"), one sequence of
-        n_ctx cells, that teacher-forces windows of tokens and gives their logits (engine/quality/kv_quality.py). The
-        live cache is not touched."""
-        sc = self.new_scorer(kv, n_ctx)
-        try:
-            yield sc
-        finally:
-            sc.close()
-
-    def new_scorer(self, kv: KVSetting, n_ctx: int) -> "Scorer":
-        """A scorer the caller holds (and closes): it keeps what it teacher-forced, so a window that extends
-        the last one computes only the new tokens."""
-        self._refuse_what_the_device_cannot_hold(kv, 1, n_ctx)
-        cp = context_params(kv, 1, n_ctx, self.max_chunk_tokens, self.n_threads, self.flash_attn, self.routing)
-        ctx = ll.llama_init_from_model(self.model, cp)
-        if not ctx:
-            raise UserError(f"llama.cpp could not create a context with KV type {kv} on this build")
-        return Scorer(ctx, self.n_vocab, self.max_chunk_tokens)
+    def new_scorer(self, kv: KVSetting, n_ctx: int) -> Scorer:
+        """A second context of this model at a KV setting (K/V types apart: "q8_0/f16"), one sequence of n_ctx
+        cells, that teacher-forces windows of tokens and gives their logits (engine/quality/kv_quality.py); the
+        live cache is not touched. The caller holds it (`with`, or close()): it keeps what it teacher-forced,
+        so a window that extends the last one computes only the new tokens."""
+        on = self._attach(kv, 1, n_ctx, Samplers(self.vocab, self.n_vocab, self.text.eog_tokens, False),
+                          StepWatch(None), outputs=True)
+        return Scorer(on.context, self.n_vocab, self.max_chunk_tokens)
 
     def _close_live(self) -> None:
         if self.on is not None:

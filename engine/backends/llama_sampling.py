@@ -9,7 +9,6 @@ this vocabulary, the backend turns device sampling off (devices.py why_no_device
 
 import ctypes
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,11 +20,6 @@ import numpy as np
 from swarmtune.engine.backends.lazy_trigger import LazyTrigger
 from swarmtune.engine.conversation.sampling import SamplingParams
 from swarmtune.engine.errors import UserError
-
-
-def default_device_sampling() -> bool:
-    """SWARMTUNE_DEVICE_SAMPLING=0 draws every row on the host from its logits, as before."""
-    return os.environ.get("SWARMTUNE_DEVICE_SAMPLING", "1") != "0"
 
 
 class Samplers:

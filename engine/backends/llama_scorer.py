@@ -2,27 +2,32 @@
 KV quality figures compare (engine/quality/kv_quality.py)."""
 
 from collections.abc import Sequence
-from typing import Any
 
 import llama_cpp as ll
 import numpy as np
+
+from swarmtune.engine.backends.llama_live import LiveContext
 
 
 class Scorer:
     """One sequence in its own context: a window of tokens in, the logits of its positions from `first` on
     out (a row per position, float32), teacher-forced, as llama-perplexity computes them."""
 
-    def __init__(self, ctx: Any, n_vocab: int, n_batch: int) -> None:
-        self.ctx, self.n_vocab, self.n_batch = ctx, n_vocab, n_batch
-        self.mem = ll.llama_get_memory(ctx)
-        self.n_ctx = ll.llama_n_ctx(ctx)
+    def __init__(self, live: LiveContext, n_vocab: int, n_batch: int) -> None:
+        self.live, self.n_vocab, self.n_batch = live, n_vocab, min(n_batch, live.batch_tokens)
+        self.ctx, self.mem = live.ctx, live.mem
+        self.n_ctx = ll.llama_n_ctx(live.ctx)
         self.held: list[int] = []  # the tokens its cache holds, positions 0..
         self.computed = 0  # tokens the last window computed (those it reused not counted)
 
     def close(self) -> None:
-        if self.ctx is not None:
-            ll.llama_free(self.ctx)
-            self.ctx = None
+        self.live.close(free_samplers=True)
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reusable(self, tokens: list[int], first: int) -> int:
         """How many of a window's first tokens its cache already holds and need not be computed again: the
@@ -58,33 +63,30 @@ class Scorer:
         self.computed = len(tokens) - reuse
         rows = len(tokens) - first if wanted_at is None else len(wanted_at)
         out = np.empty((rows, self.n_vocab), dtype=np.float32)
-        batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        try:
-            row = 0
-            for start, end in scoring_chunks(reuse, len(tokens), self.n_batch):
-                chunk = tokens[start:end]
-                batch.n_tokens = len(chunk)
-                wanted = 0
-                for j, tok in enumerate(chunk):
-                    pos = start + j
-                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, 1
-                    batch.seq_id[j][0] = 0
-                    keep = pos >= first if wanted_at is None else pos in wanted_at
-                    batch.logits[j] = 1 if keep else 0
-                    wanted += keep
-                rc = ll.llama_decode(self.ctx, batch)
-                if rc != 0:
-                    self.held = []
-                    ll.llama_memory_clear(self.mem, True)
-                    raise RuntimeError(f"llama_decode returned {rc} in a scoring context")
-                self.held.extend(chunk)
-                if wanted:
-                    got = np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(wanted, self.n_vocab))
-                    out[row:row + wanted] = got
-                    row += wanted
-            return out
-        finally:
-            ll.llama_batch_free(batch)
+        batch = self.live.batch
+        row = 0
+        for start, end in scoring_chunks(reuse, len(tokens), self.n_batch):
+            chunk = tokens[start:end]
+            batch.n_tokens = len(chunk)
+            wanted = 0
+            for j, tok in enumerate(chunk):
+                pos = start + j
+                batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, 1
+                batch.seq_id[j][0] = 0
+                keep = pos >= first if wanted_at is None else pos in wanted_at
+                batch.logits[j] = 1 if keep else 0
+                wanted += keep
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                self.held = []
+                ll.llama_memory_clear(self.mem, True)
+                raise RuntimeError(f"llama_decode returned {rc} in a scoring context")
+            self.held.extend(chunk)
+            if wanted:
+                got = np.ctypeslib.as_array(ll.llama_get_logits(self.ctx), shape=(wanted, self.n_vocab))
+                out[row:row + wanted] = got
+                row += wanted
+        return out
 
 
 # llama.cpp's CPU flash attention computes an f16 cache's rows in f32 tiles of 64 query rows (GGML_FA_TILE_Q)

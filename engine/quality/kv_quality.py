@@ -37,9 +37,7 @@ class Scorer(Protocol):
 class ScoringBackend(Protocol):
     """What the measure needs of a backend (engine/backends/llama_backend.py's LlamaBackend)."""
 
-    def scorer(self, kv: KVSetting, n_ctx: int) -> AbstractContextManager[Scorer]: ...
-
-    def special_text(self, which: str) -> str: ...
+    def new_scorer(self, kv: KVSetting, n_ctx: int) -> AbstractContextManager[Scorer]: ...
 
 
 @dataclass
@@ -144,8 +142,8 @@ def measure(backend: ScoringBackend, documents: Sequence[Sequence[int]], setting
             # every setting's context open at once (a few MB each on a small model): a window's reference
             # logits are compared with each setting's as they come, never all held
             with ExitStack() as stack:
-                ref_sc = stack.enter_context(backend.scorer(REFERENCE, n_ctx))
-                scorers = {s: stack.enter_context(backend.scorer(s, n_ctx)) for s in settings}
+                ref_sc = stack.enter_context(backend.new_scorer(REFERENCE, n_ctx))
+                scorers = {s: stack.enter_context(backend.new_scorer(s, n_ctx)) for s in settings}
                 for w in wins:
                     ref = ref_sc.logits(w, first)[:-1]  # the last position predicts nothing in the window
                     for s, sc in scorers.items():

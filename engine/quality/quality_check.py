@@ -124,7 +124,7 @@ class QualityCheck:
         self._sides = _SideContexts()
 
     def enabled(self, engine: EngineView) -> bool:
-        return hasattr(engine.backend, "scorer") and engine.backend.source != "simulated"
+        return hasattr(engine.backend, "new_scorer") and engine.backend.source != "simulated"
 
     def expected_s(self, tokens: int) -> float | None:
         """What a check that teacher-forces this many tokens (over its side contexts, those they hold not
@@ -298,7 +298,7 @@ class _SideContexts:
     @contextmanager
     def scorer(self, backend: "LlamaBackend", setting: KVSetting, agent_id: int, n_ctx: int) -> Iterator[Any]:
         if agent_id < 0:  # a one-off: nothing to hold it for
-            with backend.scorer(setting, n_ctx) as one:
+            with backend.new_scorer(setting, n_ctx) as one:
                 yield one
             return
         if agent_id != self.agent_id:
