@@ -181,7 +181,7 @@ def parent_after_subagents(lru: bool):
     must displace someone), then the parent's next turn: its record."""
     e, served = make(cache_reuse=32, agents=3)
     if lru:  # the least-recent rule, for the contrast
-        served._victim = lambda free: min(free, key=lambda a: (served._last_used.get(a.id, 0.0), a.id))
+        served._victim = lambda free: min(free, key=lambda a: (served.conversations.of(a.id).last_used or 0.0, a.id))
     tok = e.backend.text.tokenize
     system = tok("system: you are a coding agent; tools: read, grep, edit, run the tests. " * 6)
     r, _ = turn(e, served, system + tok("user: migrate the config loader to the settings API. " * 8))

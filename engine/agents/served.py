@@ -24,6 +24,7 @@ from swarmtune.engine.agents.agent import TAIL_CHARS, Agent, AgentState, Residen
 from swarmtune.engine.agents.agent_source import TrafficShape
 from swarmtune.engine.agents.cell_reuse import MIN_COPY_TOKENS, CellReuse, known, to_prefill
 from swarmtune.engine.agents.cells import Cells
+from swarmtune.engine.agents.conversation import Conversation, Conversations
 from swarmtune.engine.agents.miss_reasons import MissReasons
 from swarmtune.engine.agents.prefix_index import PromptHashes
 from swarmtune.engine.agents.served_request import (
@@ -43,13 +44,9 @@ from swarmtune.engine.conversation.token_hashes import common_prefix
 from swarmtune.engine.measure.energy_share import joules_by_agent
 from swarmtune.engine.record.records import RequestLatency, RequestRecord, StepRecord
 
-# a waiting conversation is expected back within this many of its usual gaps (plus a grace for a client's
-# own work); past that the worth of its cells fades, as a finished conversation's should
-RETURN_GAPS, RETURN_GRACE_S = 4, 2.0
 
-
-def least_worth(free: list[Agent], own_tokens: dict[int, int], typical_s: float | None, gap_s: dict[int, float],
-                replied_at: dict[int, float], last_used: dict[int, float]) -> Agent:
+def least_worth(free: list[Agent], own_tokens: dict[int, int], typical_s: float | None,
+                conversations: dict[int, Conversation]) -> Agent:
     """The waiting conversation whose cells are worth least: its own cells (what no copy of another agent's
     could give back: a sub-agent's are mostly its parent's prompt), discounted once it has waited well past
     the gap after which it usually comes back (a finished conversation fades). The least recently used breaks
@@ -57,11 +54,8 @@ def least_worth(free: list[Agent], own_tokens: dict[int, int], typical_s: float 
     now = time.perf_counter()
 
     def value(a: Agent) -> tuple[float, float, int]:
-        gap = gap_s.get(a.id, typical_s)
-        waited = now - replied_at.get(a.id, last_used.get(a.id, now))
-        patience = RETURN_GAPS * gap + RETURN_GRACE_S if gap is not None else None
-        likely = 1.0 if patience is None or waited <= patience else patience / waited
-        return own_tokens[a.id] * likely, last_used.get(a.id, 0.0), a.id
+        c = conversations.get(a.id) or Conversation()
+        return own_tokens[a.id] * c.likely_back(typical_s, now), c.last_used or 0.0, a.id
 
     return min(free, key=value)
 
@@ -83,12 +77,7 @@ class ServedAgents:
         self._records: deque[RequestRecord] = deque(maxlen=4096)  # until drained
         self._ending: list[tuple[ServedRequest, RequestRecord]] = []  # closed this step: its energy comes after
         # the engine's thread only, from here on
-        self._active: dict[int, ServedRequest] = {}  # agent id -> the request it serves
-        self._keys: dict[int, str] = {}  # agent id -> its conversation's key
-        self._last_used: dict[int, float] = {}
-        self._replied_at: dict[int, float] = {}
-        self._gap_s: dict[int, float] = {}  # agent id -> how long its conversation tends to take to come back
-        self._prompt_end: dict[int, int] = {}  # agent id -> the length of the last prompt it took
+        self.conversations = Conversations()  # agent id -> its conversation (conversation.py)
         self._agents: list[Agent] = []
         self.watch = TrafficWatch()
         self.busy_agents = 0  # read by /metrics and the dashboard's status line
@@ -112,7 +101,7 @@ class ServedAgents:
         client waits on a reply that will not come."""
         with self._lock:
             self._closing = True
-            reqs = list(self._queue) + list(self._active.values())
+            reqs = list(self._queue) + self.conversations.serving()
             self._queue.clear()
         for req in reqs:
             req.cancelled = True
@@ -146,17 +135,15 @@ class ServedAgents:
         self.cells.restart(agent, [])
         agent.wait_for_client()
         agent.label, agent.reused_tokens, agent.tail, agent.miss = "", None, "", ""
-        self._keys.pop(agent.id, None)
-        self._prompt_end.pop(agent.id, None)
-        self._gap_s.pop(agent.id, None)
+        self.conversations.of(agent.id).forget()
         agent.new_task()
 
     def seed_sampler(self, agent: Agent) -> None:
-        req = self._active.get(agent.id)
+        req = self.conversations.request(agent.id)
         self.backend.steps.set_sampler(agent.seq, req.params if req is not None else SamplingParams(seed=agent.id))
 
     def turn_limit(self, agent: Agent) -> int:
-        req = self._active.get(agent.id)
+        req = self.conversations.request(agent.id)
         return req.max_tokens if req is not None else 1
 
     def idle(self, seconds: float) -> None:
@@ -164,7 +151,7 @@ class ServedAgents:
         self._wake.clear()
 
     def on_token(self, agent: Agent, token: int, piece: str) -> bool:
-        req = self._active.get(agent.id)
+        req = self.conversations.request(agent.id)
         if req is None:
             return False
         if req.cancelled:
@@ -186,7 +173,7 @@ class ServedAgents:
         return True
 
     def end_turn(self, agent: Agent, now_s: float) -> None:
-        req = self._active.pop(agent.id, None)
+        req = self.conversations.take_request(agent.id)
         agent.turn_ended()
         agent.wait_for_client()
         if req is None:
@@ -200,17 +187,17 @@ class ServedAgents:
             reason = "length" if agent.context + 2 >= agent.limit else "stop"
         self._close(req, reason, now_s)
         self.watch.turn_ended(req.completion_tokens)
-        self._replied_at[agent.id] = self._last_used[agent.id] = time.perf_counter()
+        self.conversations.of(agent.id).replied()
 
     def before_step(self, agents: list[Agent], now_s: float) -> None:
         self._agents = agents
         by_id = {a.id: a for a in agents}
-        for aid in [i for i in self._active if i not in by_id]:
-            self._requeue(self._active.pop(aid))  # its agent was removed (fewer agents): it goes on elsewhere
-        for aid in [i for i in self._keys if i not in by_id]:
-            del self._keys[aid]
+        for aid in [i for i in self.conversations if i not in by_id]:
+            req = self.conversations.pop(aid).request  # its agent was removed (fewer agents)
+            if req is not None:
+                self._requeue(req)  # it goes on elsewhere
         for a in agents:
-            req = self._active.get(a.id)
+            req = self.conversations.request(a.id)
             if req is not None and req.cancelled and not a.waiting:
                 a.stopped_midway()
                 self.end_turn(a, now_s)
@@ -233,27 +220,28 @@ class ServedAgents:
             with self._lock:
                 gone = set(map(id, taken))
                 self._queue = deque(r for r in self._queue if id(r) not in gone)
-        self.busy_agents = len(self._active)
+        self.busy_agents = len(self.conversations.serving())
 
     # which agent a request continues
     def _idle(self, agents: list[Agent]) -> list[Agent]:
-        return [a for a in agents if a.id not in self._active and a.state is AgentState.CLIENT
+        return [a for a in agents if self.conversations.request(a.id) is None and a.state is AgentState.CLIENT
                 and a.tool_ready_at is None and a.seq < self.backend.n_seqs]
 
     def _pick(self, agents: list[Agent], req: ServedRequest) -> tuple[Agent, bool, PromptHashes | None] | None:
         """The agent for req, whether req continues its conversation (else it displaces it), its hashes."""
         idle = self._idle(agents)
         if req.key is not None:
-            own = [a for a in agents if self._keys.get(a.id) == req.key]
+            own = [a for a in agents if self.conversations.key(a.id) == req.key]
             if own:
                 return (own[0], True, None) if own[0] in idle else None
-        free = [a for a in idle if req.key is None or a.id not in self._keys]
+        free = [a for a in idle if req.key is None or self.conversations.key(a.id) is None]
         if not free:
             return None
         p = self.reuse.hashed(req.prompt, agents)
         best = self.reuse.longest_prefix(p, free)
         n = common_prefix(known(best), req.prompt)
-        if n and (n == len(known(best)) or n >= self._prompt_end.get(best.id, n + 1)):
+        end = self.conversations.of(best.id).prompt_end
+        if n and (n == len(known(best)) or n >= (end if end is not None else n + 1)):
             # its continuation: the whole history, or all of its last prompt and a reply the client rendered
             # back in other tokens (the end of a reply often tokenizes otherwise once it is followed by text)
             return best, True, p
@@ -271,8 +259,8 @@ class ServedAgents:
         return victim, False, p
 
     def _victim(self, free: list[Agent]) -> Agent:
-        return least_worth(free, self.reuse.own_tokens(free, self._agents), self.watch.typical_wait_s(), self._gap_s,
-                           self._replied_at, self._last_used)
+        return least_worth(free, self.reuse.own_tokens(free, self._agents), self.watch.typical_wait_s(),
+                           self.conversations)
 
     def _assign(self, a: Agent, continues: bool, req: ServedRequest, p: PromptHashes | None) -> None:
         gone = (known(a), a.label) if not continues and known(a) else None
@@ -280,9 +268,8 @@ class ServedAgents:
             self.start_task(a)
         held = known(a)
         keep = common_prefix(held, req.prompt)
-        if a.id in self._replied_at and keep:
-            gap = time.perf_counter() - self._replied_at.pop(a.id)
-            self._gap_s[a.id] = _ema(self._gap_s.get(a.id), gap, 0.5)
+        conv = self.conversations.of(a.id)
+        if keep and (gap := conv.came_back()) is not None:
             self.watch.came_back(gap, len(req.prompt) - keep)
         dropped = a.residency is Residency.NONE and keep > 0
         keep_all = keep
@@ -298,17 +285,16 @@ class ServedAgents:
         req.prefilled_tokens = len(req.prompt) - req.cached_tokens
         req.agent, req.assigned, req.drafts_at = a.id, time.perf_counter(), (a.drafted, a.accepted)
         a.queue_s, a.ttft_s = round(req.assigned - req.arrival, 6), None
-        self._active[a.id] = req
-        self._last_used[a.id] = req.assigned
+        conv.request, conv.last_used = req, req.assigned
         if req.key is not None:
-            self._keys[a.id] = req.key
-        a.label = req.key or self._keys.get(a.id, "") or f"conversation {a.tasks}"
-        req.miss = self.misses.why(held, keep_all, req, dropped, self._prompt_end.get(a.id), self._agents)
+            conv.key = req.key
+        a.label = conv.key or f"conversation {a.tasks}"
+        req.miss = self.misses.why(held, keep_all, req, dropped, conv.prompt_end, self._agents)
         if req.miss is not None and req.shifted_tokens:
             req.miss = cache_miss.kept_by_shift(req.miss, req.shifted_tokens, req.prefilled_tokens)
         if gone is not None:
             self.misses.displaced.append((gone[0], a.label))
-        self._prompt_end[a.id] = len(req.prompt)
+        conv.prompt_end = len(req.prompt)
         a.reused_tokens = req.cached_tokens
         a.miss = cache_miss.short(req.miss, req.shifted_tokens, req.prefilled_tokens) if req.miss else ""
         a.client_returned(to_prefill(req.prompt, len(known(a)), kept), kept)
@@ -348,8 +334,8 @@ class ServedAgents:
         in_step = set(step.batch_ids)
         # an ended request whose agent another request has taken since (a cancelled one, closed before the
         # step) was not in this step: the step is the new request's
-        ended = [r for r, _ in self._ending if r.agent not in self._active]
-        for req in [*self._active.values(), *ended]:
+        ended = [r for r, _ in self._ending if self.conversations.request(r.agent) is None]
+        for req in [*self.conversations.serving(), *ended]:
             if req.agent in in_step:
                 req.charge(step, shares.get(req.agent))
         ending, self._ending = self._ending, []
@@ -363,6 +349,3 @@ class ServedAgents:
                                              rec.itl_max_s, rec.e2e_s, rec.completion_tokens, rec.family,
                                              rec.reasoning_chars > 0, rec.call_miss))
 
-
-def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
-    return new if old is None else old + weight * (new - old)
