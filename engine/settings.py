@@ -4,6 +4,7 @@ whether it came from a flag, a key, a typed command or an HTTP body."""
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from swarmtune.engine.backends.backend import MAX_DRAFT_TOKENS
 from swarmtune.engine.errors import UserError
@@ -146,9 +147,8 @@ class EngineSettings:
     draft_model: str | None = None  # a GGUF sharing the model's vocabulary to draft from, not the agents' text
     # while agents decode, a prefill chunk is cut to what the run's measured chunk times say takes at most this
     # long (engine/measure/chunk_fit.py), so no decoding agent waits longer between tokens; None: chunk_tokens.
-    # stall_auto: the bound is STALL_DECODE_STEPS of the swarm's measured decode steps (max_stall_s unused)
-    max_stall_s: float | None = None
-    stall_auto: bool = False
+    # the stall bound: seconds, "auto" (STALL_DECODE_STEPS of the swarm's measured decode steps) or None (off)
+    max_stall_s: float | Literal["auto"] | None = None
     # a decode step carries the next prefill chunk in the same call: True, False, or None: where the measured
     # seconds say it pays, on a device; two calls on the CPU (engine/spec/mix_policy.py)
     mix: bool | None = None
@@ -162,7 +162,8 @@ class EngineSettings:
         check_tool_latency(self.tool_latency_s, self.tool_latency_sigma)
         check_residency(self.residency)
         check_draft(self.draft_tokens)
-        check_max_stall(self.max_stall_s)
+        if self.max_stall_s != "auto":
+            check_max_stall(self.max_stall_s)
         if self.draft_tokens and no_drafts:
             raise UserError(f"--draft {self.draft_tokens}: no speculation on this model: {no_drafts}", field="draft")
         if self.swap_limit_bytes is not None and not (math.isfinite(self.swap_limit_bytes) and

@@ -102,8 +102,8 @@ def engine_settings(args: argparse.Namespace, backend):
         tool_latency_s=args.tool_latency, tool_latency_sigma=args.tool_latency_sigma, residency=args.residency,
         swap_limit_bytes=args.swap_limit_mb * 1e6 if args.swap_limit_mb is not None else None,
         draft_tokens=draft[0], draft_auto=draft[1], draft_model=draft_model,
-        max_stall_s=stall / 1000 if isinstance(stall := getattr(args, "max_stall_ms", None), float) else None,
-        stall_auto=stall == "auto",
+        max_stall_s="auto" if (stall := getattr(args, "max_stall_ms", None)) == "auto" else
+        stall / 1000 if isinstance(stall, float) else None,
         mix={"on": True, "off": False}.get(getattr(args, "mix", "auto")),
     )
 

@@ -50,8 +50,8 @@ def test_the_chunk_within_a_bound_is_the_longest_that_fits(c, d, a, b, pos0, bou
 
 
 def run(bound: float | None, steps: int = 500, auto: bool = False) -> tuple[Engine, list]:
-    e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=8, ctx_per_agent=4096, max_stall_s=bound, check=True,
-                                                        stall_auto=auto))
+    e = Engine(SimBackend(profile(SIM)), EngineSettings(agents=8, ctx_per_agent=4096, check=True,
+                                                        max_stall_s="auto" if auto else bound))
     return e, [e.step() for _ in range(steps)]
 
 

@@ -33,7 +33,7 @@ class StallBound:
         call's own cost at its position (the fit's c + d·p), so that cutting a prompt into chunks costs it at
         most about 1/8 more. Where a call's own cost is small (a GPU, a short context) that is 8 decode steps;
         at 6k cells on a 2-core CPU, whole chunks."""
-        if not self.s.stall_auto:
+        if self.s.max_stall_s != "auto":
             return self.s.max_stall_s
         if self.decode_s is None:
             return None
