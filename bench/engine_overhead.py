@@ -24,43 +24,50 @@ from swarmtune.engine.model.default_model import default_model_path
 from swarmtune.engine.model.model_facts import read_model_facts
 
 
+class _Logged:
+    """A part of the backend (its steps or its cells) whose calls that write the cache are logged."""
+
+    def __init__(self, inner, backend: "LoggingBackend") -> None:
+        self.inner, self.backend = inner, backend  # its calls go to backend.calls (a round starts a new list)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill(self, seq, tokens, pos0):
+        self.backend.calls.append(("p", seq, list(tokens), pos0))
+        return self.inner.prefill(seq, tokens, pos0)
+
+    def launch_decode(self, seqs, tokens, positions):
+        self.backend.calls.append(("d", list(seqs), list(tokens), list(positions)))
+        return self.inner.launch_decode(seqs, tokens, positions)
+
+    def drop(self, seq):
+        self.backend.calls.append(("x", seq))
+        return self.inner.drop(seq)
+
+
 class LoggingBackend(LlamaBackend):
     """The engine's backend, its calls that write the cache logged (prefill, decode, drop) for the minimal
-    loop to replay."""
+    loop to replay. Each part's wrapper is made once per context, not per call."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.calls: list[tuple] = []
+        self._wrapped: dict[int, _Logged] = {}
+
+    def _logged(self, part) -> _Logged:
+        w = self._wrapped.get(id(part))
+        if w is None or w.inner is not part:
+            w = self._wrapped[id(part)] = _Logged(part, self)
+        return w
 
     @property
     def steps(self):
-        steps, calls = super().steps, self.calls
-
-        class Logged:
-            def __getattr__(self, name):
-                return getattr(steps, name)
-
-            def prefill(self, seq, tokens, pos0):
-                calls.append(("p", seq, list(tokens), pos0))
-                return steps.prefill(seq, tokens, pos0)
-
-            def launch_decode(self, seqs, tokens, positions):
-                calls.append(("d", list(seqs), list(tokens), list(positions)))
-                return steps.launch_decode(seqs, tokens, positions)
-        return Logged()
+        return self._logged(super().steps)
 
     @property
     def cells(self):
-        cells, calls = super().cells, self.calls
-
-        class Logged:
-            def __getattr__(self, name):
-                return getattr(cells, name)
-
-            def drop(self, seq):
-                calls.append(("x", seq))
-                return cells.drop(seq)
-        return Logged()
+        return self._logged(super().cells)
 
 
 def minimal_loop(b: LlamaBackend, calls: list[tuple], kv: KVSetting, n_seqs: int, ctx: int) -> float:
